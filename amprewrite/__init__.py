@@ -1,0 +1,39 @@
+"""amprewrite: a graph-rewriting mixed-precision compiler for PyTorch.
+
+>>> import torch, amprewrite
+>>> gm = amprewrite.transform(torch.nn.Linear(4, 2), dtype="bf16")
+>>> gm(torch.randn(3, 4)).dtype
+torch.float32
+"""
+
+from .api import transform
+from .errors import (
+    AmpRewriteError,
+    CaptureError,
+    ModelError,
+    ModeSwitchError,
+    PassError,
+    PolicyError,
+)
+from .ops import FAMILIES, Family, Precision
+from .policy import Policy
+from .report import Decision, Report, Rewrite, report
+
+__all__ = [
+    "FAMILIES",
+    "AmpRewriteError",
+    "CaptureError",
+    "Decision",
+    "Family",
+    "ModeSwitchError",
+    "ModelError",
+    "PassError",
+    "Policy",
+    "PolicyError",
+    "Precision",
+    "Report",
+    "Rewrite",
+    "report",
+    "transform",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,154 @@
+"""``amprewrite.transform``: the one call."""
+
+from __future__ import annotations
+
+import difflib
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import fx, nn
+
+from . import meta as M
+from .capture import capture
+from .errors import ModelError, PolicyError
+from .ops import FAMILIES
+from .passes import pipeline, run_pipeline
+from .policy import Policy, Selector
+from .report import REPORT_KEY, Decision, Report
+
+__all__ = ["transform"]
+
+
+def transform(
+    model: nn.Module,
+    dtype: torch.dtype | str = torch.bfloat16,
+    *,
+    example_inputs: object = None,
+    keep_fp32: Iterable[Selector] = (),
+    allow_low: Iterable[Selector] = (),
+    params: str = "fp32",
+    keep_io_dtype: bool = True,
+) -> fx.GraphModule:
+    """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
+
+    Args:
+        model: the fp32 ``nn.Module`` to convert. It is never modified.
+        dtype: ``torch.bfloat16`` / ``"bf16"`` or ``torch.float16`` / ``"fp16"``.
+        example_inputs: a tuple of positional inputs (or a dict of keyword inputs). With them the
+            model is captured by dynamo, which handles real-world models; without them it is
+            traced with ``torch.fx.symbolic_trace`` and ``gm.train()``/``gm.eval()`` keep
+            switching BatchNorm and Dropout.
+        keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``) or op
+            family names (``"softmax"``) to compute in fp32.
+        allow_low: the same kinds of selector; FP32 ops they name run in their inputs' precision.
+        params: ``"fp32"`` shares the model's Parameters (training ``gm`` trains ``model``);
+            ``"low"`` stores ``dtype`` copies of weights that only low-precision ops read.
+        keep_io_dtype: return outputs in the dtype the original model returns them.
+
+    Example:
+        >>> import torch, amprewrite
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
+        >>> gm = amprewrite.transform(model, dtype=torch.bfloat16)
+        >>> gm(torch.randn(2, 8)).dtype
+        torch.float32
+        >>> [(d.family, str(d.dtype)) for d in amprewrite.report(gm).decisions if d.family]
+        [('linear', 'torch.bfloat16'), ('softmax', 'torch.float32')]
+    """
+    policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
+                    allow_low=tuple(_items(allow_low, "allow_low")), params=params,
+                    keep_io_dtype=keep_io_dtype)
+    return transform_with(model, policy, example_inputs)
+
+
+def _items(value: object, name: str) -> Iterable[Selector]:
+    if isinstance(value, (str, type)):
+        return (value,)
+    if value is None:
+        return ()
+    if not isinstance(value, Iterable):
+        raise PolicyError(f"{name} must be a list of module paths, module types or family names, "
+                          f"got {value!r}.")
+    return value
+
+
+def transform_with(model: nn.Module, policy: Policy, example_inputs: object = None
+                   ) -> fx.GraphModule:
+    """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend)."""
+    _check_model(model)
+    _check_selectors(model, policy)
+    start = time.perf_counter()
+    captured = capture(model, example_inputs)
+    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
+    rep.timings["capture"] = time.perf_counter() - start
+    gm = captured.gm
+    gm.meta[REPORT_KEY] = rep
+    gm = run_pipeline(gm, pipeline(policy), rep.timings)
+    rep.decisions = _decisions(gm, policy)
+    rep.notes += _notes(gm, captured.method)
+    rep.timings["total"] = time.perf_counter() - start
+    return gm
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        raise ModelError(
+            f"amprewrite.transform expects a torch.nn.Module, got {type(model).__name__}. Wrap a "
+            "plain function in an nn.Module whose forward calls it."
+        )
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_meta or isinstance(t, nn.parameter.UninitializedParameter):
+            raise ModelError(
+                f"{type(model).__name__} has an uninitialised or meta-device tensor '{name}'. "
+                "Materialise the model first (load its weights, or run one forward for lazy "
+                "modules, or model.to_empty(device=...) and initialise), then transform it."
+            )
+
+
+def _check_selectors(model: nn.Module, policy: Policy) -> None:
+    paths = [name for name, _ in model.named_modules() if name]
+    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
+        for sel in selectors:
+            if isinstance(sel, type) or sel in FAMILIES or sel in paths:
+                continue
+            close = difflib.get_close_matches(sel, paths + list(FAMILIES), n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise PolicyError(
+                f"{option} names '{sel}', which is neither a module of {type(model).__name__} "
+                f"nor an op family.{hint} Use a path from model.named_modules(), an nn.Module "
+                "type, or a family name from amprewrite.FAMILIES."
+            )
+
+
+def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:
+    out = []
+    for node in gm.graph.nodes:
+        label = node.meta.get(M.LABEL)
+        cls = node.meta.get(M.CLASS)
+        if M.CAST in node.meta:
+            precision = "cast"
+        elif cls is not None:
+            precision = cls.value
+        else:
+            precision = {"placeholder": "input", "get_attr": "param", "output": "output"}.get(
+                node.op, "nonfloat")
+        dtype = None if label is None else str(torch.float32 if label == M.HIGH else policy.dtype)
+        target = node.target if isinstance(node.target, str) else getattr(
+            node.target, "__name__", str(node.target))
+        out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
+                            node.meta.get(M.FAMILY), precision, dtype,
+                            node.meta.get(M.REASON, ""), M.source_line(node)))
+    return out
+
+
+def _notes(gm: fx.GraphModule, method: str) -> list[str]:
+    notes = []
+    if method == "symbolic_trace":
+        for node in gm.graph.nodes:
+            if node.meta.get(M.FAMILY) == "dropout" and node.op == "call_function":
+                notes.append(f"{node.name}: functional dropout with a training flag fixed at "
+                             "trace time; use nn.Dropout to have gm.train()/gm.eval() switch it")
+    else:
+        notes.append("captured by dynamo in "
+                     f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
+    return notes

@@ -1,0 +1,244 @@
+"""Capture a model into a ``torch.fx.GraphModule``.
+
+Without example inputs the model is traced symbolically (``torch.fx.symbolic_trace``); with them
+it is captured by dynamo (``torch._dynamo.export``), which handles real-world models and unrolls
+Python loops. Either way the result:
+
+- names parameters and buffers by their original qualified names (``gm.state_dict()`` keys equal
+  the model's) and shares the caller's tensors, never copies them;
+- never shares a module object with the caller: leaf modules the graph calls are shallow copies
+  that share parameters, so ``gm.train()`` cannot flip the caller's modules;
+- records the original module path of every node in ``node.meta`` (see :mod:`amprewrite.meta`).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+import traceback
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import fx, nn
+
+from . import meta as M
+from .errors import CaptureError, ModeSwitchError
+
+__all__ = ["Capture", "DynamoGraphModule", "capture"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OWN_DIR = os.path.dirname(__file__)
+
+
+class DynamoGraphModule(fx.GraphModule):
+    """A GraphModule captured by dynamo, which bakes the train/eval mode into the graph.
+
+    Switching it to the other mode raises instead of silently running the captured one.
+    """
+
+    _amp_captured_training: bool | None = None
+
+    def train(self, mode: bool = True):
+        captured = self._amp_captured_training
+        if captured is not None and bool(mode) != captured:
+            want, have = ("train", "eval") if mode else ("eval", "train")
+            raise ModeSwitchError(
+                f"this graph was captured by dynamo in {have} mode, which fixes BatchNorm and "
+                f"Dropout behaviour inside the graph, so it cannot switch to {want} mode. Call "
+                f"amprewrite.transform again on model.{want}() to get a {want}-mode graph, or "
+                "transform without example_inputs (symbolic tracing keeps the mode switchable)."
+            )
+        return super().train(mode)
+
+
+@dataclass
+class Capture:
+    """A captured graph and how it was obtained."""
+
+    gm: fx.GraphModule
+    method: str  # "symbolic_trace" or "dynamo"
+    training: bool | None  # the mode dynamo baked in; None for symbolic graphs (mode follows gm)
+
+
+def _split_inputs(example_inputs: object) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost traceback frame in user code (not torch, not amprewrite)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_TORCH_DIR) and not path.startswith(_OWN_DIR):
+            return frame
+    return None
+
+
+def _symbolic(model: nn.Module) -> fx.GraphModule:
+    tracer = fx.Tracer()
+    tracer.record_stack_traces = True
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:
+        frame = _user_frame(exc)
+        where = f" at {frame.filename}:{frame.lineno} (`{(frame.line or '').strip()}`)" if frame else ""
+        raise CaptureError(
+            f"amprewrite could not trace {type(model).__name__} symbolically{where}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
+            "torch.fx.symbolic_trace cannot follow Python control flow that depends on tensor "
+            "values or shapes. Pass example_inputs=(...) to amprewrite.transform so the model "
+            "is captured with torch dynamo instead."
+        ) from None
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        entries = list(stack.values())
+        node.meta[M.MODULE_PATH] = entries[-1][0] if entries else ""
+        node.meta[M.MODULE_TYPES] = tuple(e[1] for e in entries if isinstance(e[1], type))
+        if node.op == "call_module":
+            node.meta[M.MODULE_PATH] = str(node.target)
+            sub = model.get_submodule(str(node.target))
+            if not node.meta[M.MODULE_TYPES] or node.meta[M.MODULE_TYPES][-1] is not type(sub):
+                node.meta[M.MODULE_TYPES] = (*node.meta[M.MODULE_TYPES], type(sub))
+    return _rebuild(model, graph, lambda target: model.get_submodule(target), fx.GraphModule)
+
+
+def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    try:
+        inspect.signature(model.forward).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise CaptureError(
+            f"example_inputs do not match {type(model).__name__}.forward"
+            f"{inspect.signature(model.forward)}: {exc}. Pass a tuple of positional inputs "
+            "(or a dict of keyword inputs) that the model can be called with."
+        ) from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            exported = torch._dynamo.export(model)(*args, **kwargs)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureError(
+            f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
+            f"{type(exc).__name__}: {first}. Check that model(*example_inputs) runs in fp32 "
+            "eagerly; if it does, the model has a graph break that torch dynamo cannot capture "
+            "as one graph (the cause is outside amprewrite)."
+        ) from None
+    src = exported.graph_module
+    graph = src.graph
+    names = _tensor_names(model)
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        entries = list(stack.values())
+        node.meta[M.MODULE_PATH] = M.clean_module_path(entries[-1][0]) if entries else ""
+        node.meta[M.MODULE_TYPES] = tuple(e[1] for e in entries if isinstance(e[1], type))
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if node.op != "output":
+            node.meta[M.ORIG] = M.info_from_value(value)
+        if node.op == "get_attr":
+            obj = _get(src, str(node.target))
+            node.meta["amp_const"] = obj
+            if isinstance(obj, torch.Tensor) and id(obj) in names:
+                node.target = names[id(obj)]
+    gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
+    gm._amp_captured_training = model.training
+    return gm
+
+
+def _tensor_names(model: nn.Module) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for name, t in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(t), name)
+    for name, t in model.named_buffers(remove_duplicate=False):
+        names.setdefault(id(t), name)
+    return names
+
+
+def _get(root: nn.Module, qualname: str) -> object:
+    obj: object = root
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def share_copy(module: nn.Module) -> nn.Module:
+    """A new module object with the same parameters and buffers (no tensor is copied)."""
+    new = copy.copy(module)
+    d = new.__dict__
+    d["_parameters"] = dict(module._parameters)
+    d["_buffers"] = dict(module._buffers)
+    d["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
+    d["_modules"] = {k: share_copy(v) if v is not None else None for k, v in module._modules.items()}
+    return new
+
+
+def set_attr(root: nn.Module, qualname: str, value: object, persistent: bool = True) -> None:
+    """Install ``value`` at ``qualname`` under ``root``, creating container modules on the way."""
+    *path, leaf = qualname.split(".")
+    mod = root
+    for part in path:
+        child = getattr(mod, part, None)
+        if not isinstance(child, nn.Module):
+            child = nn.Module()
+            mod.add_module(part, child)
+        mod = child
+    if isinstance(value, nn.Parameter):
+        mod.register_parameter(leaf, value)
+    elif isinstance(value, torch.Tensor):
+        if leaf in mod._parameters:
+            del mod._parameters[leaf]
+        mod.register_buffer(leaf, value, persistent=persistent)
+    elif isinstance(value, nn.Module):
+        mod.add_module(leaf, value)
+    else:
+        setattr(mod, leaf, value)
+
+
+def _has(root: nn.Module, qualname: str) -> bool:
+    try:
+        _get(root, qualname)
+        return True
+    except AttributeError:
+        return False
+
+
+def _rebuild(model: nn.Module, graph: fx.Graph, resolve, cls: type[fx.GraphModule]):
+    """A GraphModule over ``graph`` holding the model's tensors under their original names."""
+    root = nn.Module()
+    for node in graph.nodes:
+        if node.op == "call_module" and not _has(root, str(node.target)):
+            set_attr(root, str(node.target), share_copy(resolve(str(node.target))))
+    for node in graph.nodes:
+        target = str(node.target)
+        if node.op == "get_attr" and not _has(root, target):
+            set_attr(root, target, _get(model, target) if _has(model, target) else resolve(target))
+    gm = cls(root, graph, class_name=type(model).__name__)
+    install_tensors(gm, model)
+    gm.train(model.training)
+    return gm
+
+
+def install_tensors(gm: nn.Module, model: nn.Module) -> None:
+    """Give ``gm`` every parameter and buffer of ``model`` under its original name (shared)."""
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if not _has(gm, name):
+            set_attr(gm, name, p)
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
+        for b_name, b in mod._buffers.items():
+            name = f"{mod_name}.{b_name}" if mod_name else b_name
+            if b is not None and not _has(gm, name):
+                set_attr(gm, name, b, persistent=b_name not in mod._non_persistent_buffers_set)
+
+
+def capture(model: nn.Module, example_inputs: object = None) -> Capture:
+    """Capture ``model``: symbolic trace without example inputs, dynamo export with them."""
+    if example_inputs is None:
+        return Capture(_symbolic(model), "symbolic_trace", None)
+    args, kwargs = _split_inputs(example_inputs)
+    return Capture(_dynamo(model, args, kwargs), "dynamo", model.training)

@@ -1,0 +1,36 @@
+"""Errors amprewrite raises on bad input. Each message is one paragraph that says what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmpRewriteError",
+    "CaptureError",
+    "ModeSwitchError",
+    "ModelError",
+    "PassError",
+    "PolicyError",
+]
+
+
+class AmpRewriteError(Exception):
+    """Base class of every error amprewrite raises on purpose."""
+
+
+class PolicyError(AmpRewriteError, ValueError):
+    """An option of :func:`amprewrite.transform` is invalid (dtype, keep_fp32, params, ...)."""
+
+
+class CaptureError(AmpRewriteError, RuntimeError):
+    """The model could not be captured into a graph (tracing or dynamo export failed)."""
+
+
+class ModeSwitchError(AmpRewriteError, RuntimeError):
+    """A dynamo-captured graph was switched to the train/eval mode it was not captured in."""
+
+
+class PassError(AmpRewriteError, RuntimeError):
+    """A graph pass failed; the message names the pass and the node it was on."""
+
+
+class ModelError(AmpRewriteError, TypeError):
+    """The object passed as a model cannot be transformed (not a Module, meta tensors, ...)."""

@@ -1,0 +1,84 @@
+"""plan_casts + insert_casts: decide every value's dtype, then put ``Tensor.to`` nodes between.
+
+Matches:   ``y = F.linear(x, w, b)`` with x, w, b fp32 and linear LOW
+Rewrite to: ``x_bf16 = x.to(torch.bfloat16); w_bf16 = w.to(torch.bfloat16); ...;
+           y = F.linear(x_bf16, w_bf16, b_bf16)``
+
+One cast per (value, dtype), placed right after the value and shared by all its consumers.
+Values whose dtype the trace could not know (graph inputs traced without example inputs) get a
+guarded cast, :func:`cast_if_float`, that leaves integer and bool tensors alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch.fx.passes.infra.pass_base import PassResult
+
+from .. import meta as M
+from ..meta import HIGH, info
+from ..ops import Precision
+from ..plan import float_inputs, plan_labels, requirement
+from ..policy import Policy
+from ..report import record
+
+__all__ = ["InsertCasts", "cast_if_float"]
+
+
+@torch.fx.wrap
+def cast_if_float(x, dtype: torch.dtype):
+    """``x.to(dtype)`` if ``x`` is a floating-point tensor, else ``x`` unchanged."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.to(dtype)
+    return x
+
+
+class InsertCasts:
+    """Plan the labels (:mod:`amprewrite.plan`) and realise them with cast nodes."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        low = self.policy.dtype
+        plan_labels(gm, self.policy.keep_io_dtype, low)
+        casts: dict[tuple[fx.Node, str], fx.Node] = {}
+        graph = gm.graph
+        for consumer in M.each_node(graph):
+            if M.CAST in consumer.meta:
+                continue
+            for value in float_inputs(consumer):
+                if M.LABEL not in value.meta:
+                    continue
+                need = requirement(consumer, value, self.policy.keep_io_dtype, low)
+                if need is None or need == value.meta[M.LABEL]:
+                    continue
+                key = (value, need)
+                if key not in casts:
+                    casts[key] = self._cast(gm, value, need, consumer)
+                consumer.replace_input_with(value, casts[key])
+        return PassResult(gm, bool(casts))
+
+    def _cast(self, gm: fx.GraphModule, value: fx.Node, need: str, consumer: fx.Node) -> fx.Node:
+        dtype = torch.float32 if need == HIGH else self.policy.dtype
+        graph = gm.graph
+        with graph.inserting_after(value):
+            if info(value).dtype is None:
+                cast = graph.call_function(cast_if_float, (value, dtype))
+            else:
+                cast = graph.call_method("to", (value, dtype))
+        cast.meta.update({k: value.meta[k] for k in (M.MODULE_PATH, M.MODULE_TYPES, M.ORIG,
+                                                     "stack_trace", "nn_module_stack")
+                          if k in value.meta})
+        cast.meta[M.CAST] = dtype
+        cast.meta[M.CLASS] = Precision.NEUTRAL
+        cast.meta[M.NATURAL] = value.meta.get(M.NATURAL)
+        cast.meta[M.LABEL] = need
+        cast.meta[M.FAMILY] = None
+        what = consumer.meta.get(M.CLASS)
+        why = (f"{consumer.name} ({what.value if what else consumer.op}) needs "
+               f"{str(dtype).replace('torch.', '')}")
+        cast.meta[M.REASON] = why
+        record(gm, cast, "insert_casts", f"cast {value.name} to {dtype}", why)
+        return cast
+

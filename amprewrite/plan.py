@@ -1,0 +1,204 @@
+"""The cast plan: which dtype every float value physically has, with the fewest bytes cast.
+
+LOW, FP32 and PROMOTE nodes, graph inputs and parameters have a fixed label (low or high).
+NEUTRAL nodes are exact in either dtype, so their label is free: a cast may sit before or after
+them. The free labels are chosen by a minimum s-t cut (networkx), where
+
+- the source side is "high", the sink side "low";
+- casting value ``u`` to a dtype costs ``bytes(u)`` once, however many consumers share the cast
+  (an auxiliary node per (value, direction) makes several consumers pay one edge);
+- a value whose natural precision is high may become low only if none of its consumers needs it
+  high (infinite edges): that would be a low->high round trip that loses precision;
+- a tiny cost keeps a free node at its natural label when the cut is otherwise indifferent.
+
+Only free nodes connected through shared values interact, so the graph is cut per connected
+component of free nodes: the work grows linearly with the graph.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import networkx as nx
+from torch import fx
+
+from . import meta as M
+from .meta import HIGH, LOW, info
+from .ops import Precision
+
+__all__ = ["float_inputs", "plan_labels", "requirement"]
+
+_EPS = 1e-3
+# Consumers that read only a tensor's metadata, never its values or dtype.
+_METADATA_READS = {"size", "dim", "numel", "ndimension", "nelement", "stride", "get_device",
+                   "is_contiguous", "__len__", "shape", "device", "ndim", "is_cuda",
+                   "requires_grad", "sym_size"}
+
+
+def float_inputs(node: fx.Node) -> list[fx.Node]:
+    """The distinct float-tensor inputs of ``node``, in argument order."""
+    out: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
+    return [n for n in dict.fromkeys(out) if info(n).kind == "tensor" and info(n).is_float]
+
+
+def _reads_metadata_only(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if name == "getattr" and len(node.args) > 1:
+        name = node.args[1]
+    return name in _METADATA_READS or str(name).startswith("sym_size")
+
+
+def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtype) -> str | None:
+    """The label ``consumer`` needs ``value`` in, or None when any label will do (or no cast)."""
+    cls = consumer.meta.get(M.CLASS)
+    if consumer.meta.get("amp_tied") and float_inputs(consumer)[:1] == [value]:
+        return None  # the tied input: same variable, never cast
+    if cls == Precision.LOW:
+        return LOW
+    if cls == Precision.FP32:
+        return HIGH
+    if cls == Precision.PROMOTE:
+        return consumer.meta[M.NATURAL]
+    if cls == Precision.NEUTRAL:
+        return consumer.meta.get(M.LABEL, consumer.meta[M.NATURAL])
+    # Graph outputs and ops amprewrite leaves alone see the dtype the original model had.
+    if consumer.op == "output" and not keep_io_dtype:
+        return None
+    if _reads_metadata_only(consumer):
+        return None
+    orig = info(value).dtype
+    if orig is None or orig.is_floating_point and orig != low_dtype and orig.itemsize == 4:
+        return HIGH
+    if orig == low_dtype:
+        return LOW
+    return None
+
+
+def _fixed(node: fx.Node) -> str | None:
+    """The label of a node the plan may not change, or None for a free NEUTRAL node."""
+    if node.meta.get(M.CLASS) == Precision.NEUTRAL:
+        return None
+    return node.meta.get(M.NATURAL)
+
+
+class _Flow:
+    def __init__(self) -> None:
+        self.g = nx.DiGraph()
+
+    def add(self, u, v, cap: float | None) -> None:
+        """Add capacity ``cap`` (None = infinite) from u to v, summing parallel edges."""
+        if self.g.has_edge(u, v):
+            old = self.g[u][v].get("capacity")
+            if old is None or cap is None:
+                self.g[u][v].pop("capacity", None)
+            else:
+                self.g[u][v]["capacity"] = old + cap
+        elif cap is None:
+            self.g.add_edge(u, v)
+        else:
+            self.g.add_edge(u, v, capacity=cap)
+
+
+def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
+    """Set ``meta[LABEL]`` on every float node; return the number of free nodes decided."""
+    nodes = list(gm.graph.nodes)
+    rep: dict[fx.Node, fx.Node] = {}
+    for n in nodes:  # tied nodes share their first input's variable
+        first = float_inputs(n)[:1]
+        rep[n] = rep.get(first[0], first[0]) if n.meta.get("amp_tied") and first else n
+    free = {n for n in nodes if n.meta.get(M.NATURAL) is not None and _fixed(rep[n]) is None}
+    for n in nodes:
+        label = _fixed(rep[n])
+        if label is not None:
+            n.meta[M.LABEL] = label
+        elif n.meta.get(M.NATURAL) is None:
+            n.meta.pop(M.LABEL, None)
+    if not free:
+        return 0
+
+    # Group free variables that share a value (their casts may be shared) into components.
+    parent: dict[fx.Node, fx.Node] = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] is not x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    touching: dict[fx.Node, set[fx.Node]] = defaultdict(set)  # value -> free variables around it
+    for u in nodes:
+        if info(u).kind != "tensor" or not info(u).is_float or M.NATURAL not in u.meta:
+            continue
+        around = {rep[u]} if rep[u] in free else set()
+        around |= {rep[c] for c in u.users if rep[c] in free}
+        if around:
+            touching[u] = around
+            first, *rest = around
+            for r in rest:
+                parent[find(r)] = find(first)
+    by_component: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    for u, around in touching.items():
+        by_component[find(next(iter(around)))].append(u)
+
+    for values in by_component.values():
+        _solve(values, rep, free, keep_io_dtype, low_dtype)
+    return len(free)
+
+
+def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
+    flow = _Flow()
+    var = {}
+
+    def side(n):  # the flow node standing for a label: a variable, or S / T when fixed
+        r = rep[n]
+        if r in free:
+            var[r] = r.name
+            return r.name
+        return "S" if _fixed(r) == HIGH else "T"
+
+    for u in values:
+        w = float(info(u).numel or 1) * 4
+        here = side(u)
+        reqs = []
+        for c in u.users:
+            if rep[c] is rep[u]:
+                continue
+            if rep[c] in free and c.meta.get(M.CLASS) == Precision.NEUTRAL and not c.meta.get(
+                    "amp_tied"):
+                reqs.append(side(c))
+            else:
+                r = requirement(c, u, keep_io_dtype, low_dtype)
+                if r is not None:
+                    reqs.append("S" if r == HIGH else "T")
+        wants_low = [r for r in reqs if r != "S"]
+        wants_high = [r for r in reqs if r != "T"]
+        if here != "T" and wants_low:  # a cast down of u, shared by all who want it low
+            a = ("down", u.name)
+            flow.add(here, a, w)
+            for r in wants_low:
+                flow.add(a, r, None)
+        if here != "S" and wants_high:  # a cast up of u
+            b = ("up", u.name)
+            flow.add(b, here, w)
+            for r in wants_high:
+                flow.add(r, b, None)
+        if here not in ("S", "T") and u.meta.get(M.NATURAL) == HIGH:
+            for r in wants_high:  # high -> low -> high would lose precision: forbidden
+                flow.add(r, here, None)
+    for r, name in var.items():
+        if r.meta.get(M.NATURAL) == HIGH:
+            flow.add("S", name, _EPS)
+        else:
+            flow.add(name, "T", _EPS)
+    flow.g.add_nodes_from(["S", "T"])
+    _, (high_side, _low_side) = nx.minimum_cut(flow.g, "S", "T")
+    for r, name in var.items():
+        r.meta[M.LABEL] = HIGH if name in high_side else LOW
+    for u in values:  # tied members follow their representative
+        if rep[u] in var:
+            u.meta[M.LABEL] = rep[u].meta[M.LABEL]
+        for c in u.users:
+            if rep[c] in var:
+                c.meta[M.LABEL] = rep[c].meta[M.LABEL]

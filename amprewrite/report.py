@@ -1,0 +1,118 @@
+"""The transform report: every rewrite and every precision decision, with its reason."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import fx
+
+from . import meta as M
+
+__all__ = ["Decision", "Report", "Rewrite", "record", "report"]
+
+REPORT_KEY = "amprewrite_report"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One change a pass made to the graph."""
+
+    node: str
+    pass_name: str
+    action: str
+    reason: str
+    module_path: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The precision chosen for one node of the final graph."""
+
+    node: str
+    op: str
+    target: str
+    module_path: str
+    family: str | None
+    precision: str  # low / fp32 / promote / neutral / nonfloat
+    dtype: str | None  # the dtype the node computes in, None for non-float values
+    reason: str
+    source: str | None = None
+
+
+@dataclass
+class Report:
+    """What :func:`amprewrite.transform` did. ``print(report)`` shows a readable summary.
+
+    >>> import torch
+    >>> import amprewrite
+    >>> gm = amprewrite.transform(torch.nn.Linear(4, 4), dtype=torch.bfloat16)
+    >>> [d.precision for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    ['low']
+    """
+
+    dtype: str
+    capture: str
+    rewrites: list[Rewrite] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def casts(self) -> list[Rewrite]:
+        return [r for r in self.rewrites if r.action.startswith("cast")]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            out[d.precision] = out.get(d.precision, 0) + 1
+        return out
+
+    def table(self, include_nonfloat: bool = False) -> str:
+        """One line per node: name, module path, family, precision, dtype, reason."""
+        rows = [("node", "module", "family", "class", "dtype", "reason")]
+        for d in self.decisions:
+            if d.precision == "nonfloat" and not include_nonfloat:
+                continue
+            rows.append((d.node, d.module_path or "-", d.family or "-", d.precision,
+                         (d.dtype or "-").replace("torch.", ""), d.reason))
+        widths = [min(max(len(r[i]) for r in rows), 40) for i in range(5)]
+        return "\n".join(
+            "  ".join(c[:40].ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows
+        )
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
+        lines = [f"amprewrite report: dtype={self.dtype}, capture={self.capture}",
+                 f"nodes: {counts}; casts inserted: {len(self.casts)}"]
+        if self.timings:
+            lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items()))
+        lines += [f"note: {n}" for n in self.notes]
+        other = [r for r in self.rewrites if not r.action.startswith("cast")]
+        if other:
+            lines.append("rewrites:")
+            lines += [f"  [{r.pass_name}] {r.node} ({r.module_path or '-'}): {r.action} — {r.reason}"
+                      for r in other]
+        lines.append("precision decisions:")
+        lines.append(self.table())
+        return "\n".join(lines)
+
+
+def record(gm: fx.GraphModule, node: fx.Node, pass_name: str, action: str, reason: str) -> None:
+    """Add a Rewrite for ``node`` to the report being built on ``gm``."""
+    rep: Report | None = gm.meta.get(REPORT_KEY)
+    if rep is not None:
+        rep.rewrites.append(Rewrite(node.name, pass_name, action, reason,
+                                    node.meta.get(M.MODULE_PATH, "")))
+
+
+def report(gm: fx.GraphModule) -> Report:
+    """The :class:`Report` of a GraphModule returned by :func:`amprewrite.transform`."""
+    rep = getattr(gm, "meta", {}).get(REPORT_KEY)
+    if rep is None:
+        from .errors import PolicyError
+
+        raise PolicyError(
+            "this GraphModule carries no amprewrite report; pass a module returned by "
+            "amprewrite.transform (the report is kept in gm.meta['amprewrite_report'])."
+        )
+    return rep

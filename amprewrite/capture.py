@@ -92,9 +92,10 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
         raise CaptureError(
             f"amprewrite could not trace {type(model).__name__} symbolically{where}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
-            "torch.fx.symbolic_trace cannot follow Python control flow that depends on tensor "
-            "values or shapes. Pass example_inputs=(...) to amprewrite.transform so the model "
-            "is captured with torch dynamo instead."
+            "torch.fx.symbolic_trace cannot follow Python control flow on tensor shapes or "
+            "values. Pass example_inputs=(...) to amprewrite.transform so the model is captured "
+            "with torch dynamo, which handles shape-dependent control flow and loops (branches "
+            "on tensor values need torch.where or torch.cond in the model)."
         ) from None
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}

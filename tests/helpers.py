@@ -1,0 +1,98 @@
+"""Shared test helpers: runtime dtype recording, model snapshots, error metrics."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import fx, nn
+
+import amprewrite
+from amprewrite import meta as M
+from amprewrite.ops import Precision
+
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+
+
+class DtypeRecorder(fx.Interpreter):
+    """Runs a GraphModule and records the dtypes each node actually received and produced."""
+
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.seen: dict[str, tuple[list[torch.dtype], object]] = {}
+
+    def run_node(self, n: fx.Node):
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        ins: list[torch.dtype] = []
+        fx.node.map_aggregate((args, kwargs), lambda a: ins.append(a.dtype)
+                              if isinstance(a, torch.Tensor) and a.is_floating_point() else None)
+        out = super().run_node(n)
+        self.seen[n.name] = (ins, out.dtype if isinstance(out, torch.Tensor) else None)
+        return out
+
+
+def runtime_dtypes(gm: fx.GraphModule, *inputs) -> dict[str, tuple[list[torch.dtype], object]]:
+    rec = DtypeRecorder(gm)
+    with torch.no_grad():
+        rec.run(*inputs)
+    return rec.seen
+
+
+def assert_classes_respected(gm: fx.GraphModule, *inputs, low: torch.dtype) -> None:
+    """Every LOW node got only ``low`` float inputs; every FP32 node only fp32 ones."""
+    seen = runtime_dtypes(gm, *inputs)
+    for node in gm.graph.nodes:
+        cls = node.meta.get(M.CLASS)
+        if M.CAST in node.meta or node.name not in seen:
+            continue
+        ins, _ = seen[node.name]
+        if cls == Precision.LOW:
+            assert ins and all(d == low for d in ins), (node.format_node(), ins)
+        elif cls == Precision.FP32:
+            assert all(d == torch.float32 for d in ins), (node.format_node(), ins)
+
+
+def casts(gm: fx.GraphModule) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if M.CAST in n.meta]
+
+
+def by_family(gm: fx.GraphModule, family: str) -> list[fx.Node]:
+    return [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == family]
+
+
+def snapshot(model: nn.Module) -> dict[str, object]:
+    state = {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()}
+    modes = {name: m.training for name, m in model.named_modules()}
+    grads = {k: p.requires_grad for k, p in model.named_parameters()}
+    ids = {k: id(v) for k, v in model.state_dict(keep_vars=True).items()}
+    return {"state": state, "modes": modes, "grads": grads, "ids": ids,
+            "modules": [id(m) for m in model.modules()]}
+
+
+def assert_same_snapshot(before: dict, model: nn.Module) -> None:
+    after = snapshot(model)
+    assert before["state"].keys() == after["state"].keys()
+    for k, v in before["state"].items():
+        w = after["state"][k]
+        assert v.dtype == w.dtype and torch.equal(v, w), k
+    assert before["modes"] == after["modes"]
+    assert before["grads"] == after["grads"]
+    assert before["ids"] == after["ids"]
+    assert before["modules"] == after["modules"]
+
+
+@contextlib.contextmanager
+def unchanged(model: nn.Module):
+    """Assert the block leaves ``model`` bitwise unchanged (tensors, modes, identities)."""
+    before = snapshot(model)
+    yield
+    assert_same_snapshot(before, model)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().double(), ref.detach().double()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def transform(*args, **kwargs):
+    return amprewrite.transform(*args, **kwargs)

@@ -1,0 +1,62 @@
+"""Real models: transform with example_inputs, no NaN/inf, error no larger than autocast's."""
+
+import copy
+
+import pytest
+import torch
+
+import amprewrite
+from amprewrite import meta as M
+from amprewrite.ops import Precision
+
+from ..helpers import LOW_DTYPES, assert_classes_respected, rel_err, unchanged
+from .zoo import MODELS, first_tensor, unet2d
+
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+# amprewrite runs at least as much in fp32 as CPU autocast (e.g. GroupNorm, which CPU autocast
+# leaves in low precision), so the output error differs from autocast's by rounding noise
+# downstream. Measured (docs/design-notes.md): LLaMA and BERT 1.0000x autocast; UNet2DModel
+# 0.85-0.95x over four re-initialisations, 1.0024x for fp16 at the default seed-0 init.
+NOISE = 1e-2
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_real_model_error_at_most_autocast(name, dtype):
+    model, inputs = MODELS[name]()
+    with torch.no_grad():
+        ref = first_tensor(model(*inputs))
+        with torch.autocast("cpu", dtype=dtype):
+            auto = first_tensor(model(*inputs))
+    with unchanged(model):
+        gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
+    with torch.no_grad():
+        out = first_tensor(gm(*inputs))
+    assert out.dtype == ref.dtype
+    assert torch.isfinite(out).all()
+    ours, theirs = rel_err(out, ref), rel_err(auto, ref)
+    assert ours <= theirs * (1 + NOISE), (ours, theirs)
+    assert ours < 0.05
+    assert_classes_respected(gm, *inputs, low=dtype)
+    classes = {n.meta.get(M.CLASS) for n in gm.graph.nodes}
+    assert {Precision.LOW, Precision.FP32} <= classes
+    assert str(amprewrite.report(gm))
+
+
+def test_unet2d_works_where_model_to_bf16_crashes():
+    model, (x, t) = unet2d()
+    with pytest.raises(RuntimeError, match="should be the same"):
+        copy.deepcopy(model).to(torch.bfloat16)(x.bfloat16(), t)
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x, t))
+    assert torch.isfinite(first_tensor(gm(x, t))).all()
+
+
+def test_llama_rotary_positions_are_a_position_cone():
+    model, inputs = MODELS["llama"]()
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs)
+    cone = [n for n in gm.graph.nodes if "position cone" in n.meta.get(M.REASON, "")]
+    assert any(n.meta.get(M.FAMILY) == "trig" for n in cone)  # cos/sin of positions in fp32
+    emb = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "embedding"]
+    assert emb and all(n.meta[M.LABEL] == M.HIGH for n in emb)  # the residual stream stays fp32

@@ -13,8 +13,10 @@ Python loops. Either way the result:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import logging
 import os
 import traceback
 import warnings
@@ -120,7 +122,7 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_loggers():
             warnings.simplefilter("ignore")
             exported = torch._dynamo.export(model)(*args, **kwargs)
     except Exception as exc:
@@ -150,6 +152,21 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
     return gm
+
+
+@contextlib.contextmanager
+def _quiet_loggers():
+    """Silence dynamo's internal shape-printing warnings; real failures still raise."""
+    loggers = [logging.getLogger(n) for n in ("torch.fx.experimental.symbolic_shapes",
+                                              "torch._dynamo")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def _tensor_names(model: nn.Module) -> dict[int, str]:

@@ -65,6 +65,9 @@ class ValueInfo:
         """The float dtype of this value, or of the first float item of a sequence."""
         if self.kind == "tensor":
             return self.dtype if self.is_float else None
+        if self.kind == "seq" and not self.items and self.dtype is not None:
+            # A homogeneous sequence of unknown length (chunk, split, unbind).
+            return self.dtype if self.dtype.is_floating_point else None
         for item in self.items:
             d = item.float_dtype()
             if d is not None:
@@ -74,7 +77,7 @@ class ValueInfo:
     def has_float(self) -> bool:
         if self.kind == "tensor":
             return self.is_float
-        return any(i.has_float() for i in self.items)
+        return self.float_dtype() is not None
 
 
 UNKNOWN_TENSOR = ValueInfo("tensor", None)

@@ -29,6 +29,7 @@ from .ops import Precision
 __all__ = ["float_inputs", "plan_labels", "requirement"]
 
 _EPS = 1e-3
+_TUPLE = 1e15
 # Consumers that read only a tensor's metadata, never its values or dtype.
 _METADATA_READS = {"size", "dim", "numel", "ndimension", "nelement", "stride", "get_device",
                    "is_contiguous", "__len__", "shape", "device", "ndim", "is_cuda",
@@ -36,10 +37,10 @@ _METADATA_READS = {"size", "dim", "numel", "ndimension", "nelement", "stride", "
 
 
 def float_inputs(node: fx.Node) -> list[fx.Node]:
-    """The distinct float-tensor inputs of ``node``, in argument order."""
+    """The distinct inputs of ``node`` holding floats (tensors or tuples), in argument order."""
     out: list[fx.Node] = []
     fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
-    return [n for n in dict.fromkeys(out) if info(n).kind == "tensor" and info(n).is_float]
+    return [n for n in dict.fromkeys(out) if info(n).has_float()]
 
 
 def _reads_metadata_only(node: fx.Node) -> bool:
@@ -129,7 +130,7 @@ def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
 
     touching: dict[fx.Node, set[fx.Node]] = defaultdict(set)  # value -> free variables around it
     for u in nodes:
-        if info(u).kind != "tensor" or not info(u).is_float or M.NATURAL not in u.meta:
+        if not info(u).has_float() or u.meta.get(M.NATURAL) is None:
             continue
         around = {rep[u]} if rep[u] in free else set()
         around |= {rep[c] for c in u.users if rep[c] in free}
@@ -159,7 +160,8 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
         return "S" if _fixed(r) == HIGH else "T"
 
     for u in values:
-        w = float(info(u).numel or 1) * 4
+        # A tuple cannot be cast (its elements are tied to it): make casting it prohibitive.
+        w = float(info(u).numel or 1) * 4 if info(u).kind == "tensor" else _TUPLE
         here = side(u)
         reqs = []
         for c in u.users:

@@ -48,8 +48,8 @@ class InsertCasts:
             if M.CAST in consumer.meta:
                 continue
             for value in float_inputs(consumer):
-                if M.LABEL not in value.meta:
-                    continue
+                if M.LABEL not in value.meta or info(value).kind != "tensor":
+                    continue  # tuples are never cast: their elements are tied to them
                 need = requirement(consumer, value, self.policy.keep_io_dtype, low)
                 if need is None or need == value.meta[M.LABEL]:
                     continue

@@ -103,7 +103,8 @@ class PaintPrecision:
         node.meta[M.FAMILY] = fam.name if fam else None
         value = info(node)
         if node.op in ("placeholder", "get_attr", "output"):
-            cls, why = None, "graph input" if node.op != "output" else "graph output"
+            cls, why = None, {"placeholder": "graph input", "get_attr": "parameter or buffer",
+                              "output": "graph output"}[node.op]
         elif not value.has_float():
             cls, why = Precision.NONFLOAT, "integer, bool or non-tensor value"
         elif value.float_dtype() not in (None, torch.float32, low):

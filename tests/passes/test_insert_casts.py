@@ -153,3 +153,27 @@ def test_explicit_model_casts_are_honoured():
     assert gm(torch.randn(2, 8)).dtype == torch.float32
     (gelu,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "activation"]
     assert gelu.meta[M.LABEL] == M.HIGH
+
+
+class ChunkAttention(nn.Module):
+    """q, k, v = linear(x).chunk(3): tuple elements follow their producer's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "dynamo"])
+def test_tuple_elements_follow_their_producer(capture):
+    model = ChunkAttention()
+    x = torch.randn(2, 5, 8)
+    gm = transform(model, dtype=torch.bfloat16,
+                   example_inputs=(x,) if capture == "dynamo" else None)
+    assert_classes_respected(gm, x, low=torch.bfloat16)
+    (chunk,) = [n for n in gm.graph.nodes if n.target == "chunk"]
+    assert chunk.meta[M.LABEL] == M.LOW  # no upcast of the qkv projection just to split it
+    assert rel_err(gm(x), model(x)) < 3e-2

@@ -90,7 +90,9 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
         graph = tracer.trace(model)
     except Exception as exc:
         frame = _user_frame(exc)
-        where = f" at {frame.filename}:{frame.lineno} (`{(frame.line or '').strip()}`)" if frame else ""
+        where = ""
+        if frame is not None:
+            where = f" at {frame.filename}:{frame.lineno} (`{(frame.line or '').strip()}`)"
         raise CaptureError(
             f"amprewrite could not trace {type(model).__name__} symbolically{where}: "
             f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
@@ -192,7 +194,7 @@ def share_copy(module: nn.Module) -> nn.Module:
     d["_parameters"] = dict(module._parameters)
     d["_buffers"] = dict(module._buffers)
     d["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
-    d["_modules"] = {k: share_copy(v) if v is not None else None for k, v in module._modules.items()}
+    d["_modules"] = {k: None if v is None else share_copy(v) for k, v in module._modules.items()}
     return new
 
 

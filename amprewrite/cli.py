@@ -1,7 +1,8 @@
 """The ``amprewrite`` command line.
 
 ``amprewrite demo [--dtype bf16|fp16]`` transforms the built-in demo model, prints the report and
-compares the output error against fp32 with torch.autocast's.
+compares the output error against fp32 with torch.autocast's. ``amprewrite families`` prints the
+op-family table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from .api import transform
 from .errors import AmpRewriteError
+from .ops import families_markdown
 from .report import report
 
 __all__ = ["main"]
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="transform the built-in demo model and print the report")
     demo.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     demo.set_defaults(run=_demo)
+    fams = sub.add_parser("families", help="print the op-family table (Markdown)")
+    fams.set_defaults(run=lambda args: print(families_markdown()) or 0)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -184,12 +184,13 @@ _TABLE: list[Family] = [
     # PROMOTE: elementwise arithmetic and activations run in the widest float input.
     Family("arith", P, (operator.add, operator.sub, operator.mul, operator.truediv,
                         operator.neg, operator.iadd, operator.isub, operator.imul,
-                        operator.itruediv, operator.floordiv, operator.mod)
-           + _fns("add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
-                  "neg", "negative", "rsub", "addcmul", "addcdiv", "lerp", "square", "sqrt",
-                  "abs", "sign", "floor_divide", "remainder", "fmod", "clamp", "clip", "where",
-                  "erf", "special.erf", "frac", "trunc", "round", "floor", "ceil",
-                  "nan_to_num", "masked_fill", "hypot", "atan2"),
+                        operator.itruediv, operator.floordiv, operator.mod,
+                        *_fns("add", "sub", "subtract", "mul", "multiply", "div", "divide",
+                              "true_divide", "neg", "negative", "rsub", "addcmul", "addcdiv",
+                              "lerp", "square", "sqrt", "abs", "sign", "floor_divide",
+                              "remainder", "fmod", "clamp", "clip", "where", "erf", "special.erf",
+                              "frac", "trunc", "round", "floor", "ceil", "nan_to_num",
+                              "masked_fill", "hypot", "atan2")),
            methods=("add", "sub", "mul", "div", "true_divide", "neg", "__neg__", "rsub",
                     "addcmul", "addcdiv", "lerp", "square", "sqrt", "abs", "sign",
                     "clamp", "clip", "where", "erf", "floor", "ceil", "round", "trunc",
@@ -332,3 +333,38 @@ def precision_of(node: fx.Node, family: Family, module: nn.Module | None = None)
     if family.classify is not None:
         return family.classify(node)
     return family.precision
+
+
+def families_markdown() -> str:
+    """The op-family table as Markdown (docs/families.md is this output)."""
+    def spell(f: Family) -> str:
+        module = {"_operator": "operator"}
+        names = [f"`{module.get(fn.__module__, fn.__module__ or 'torch')}.{fn.__name__}`"
+                 for fn in f.functions]
+        names += [f"`Tensor.{m}`" for m in f.methods]
+        names += [f"`nn.{m.__name__}`" for m in f.modules]
+        return ", ".join(names)
+
+    lines = [
+        "# Op families and precision classes",
+        "",
+        "Generated from `amprewrite/ops.py` by `amprewrite families > docs/families.md`;",
+        "a test fails when this file and the table disagree.",
+        "",
+        "Unknown functions and methods are PROMOTE (they run in the widest float input, as under",
+        "autocast); unknown leaf modules are FP32 (they run on their own fp32 parameters).",
+        "`bounded` families end a position cone. Non-`numeric` families read integer inputs as",
+        "indices, so they do not start one.",
+        "",
+    ]
+    for cls in Precision:
+        fams = [f for f in FAMILIES.values() if f.precision == cls]
+        if not fams:
+            continue
+        lines += [f"## {cls.name}", "", "| family | notes | spellings |", "|---|---|---|"]
+        for f in fams:
+            notes = ", ".join(n for n, on in (("bounded", f.bounded), ("indices", not f.numeric),
+                                              ("per-node", f.classify is not None)) if on)
+            lines.append(f"| `{f.name}` | {notes} | {spell(f)} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -69,7 +69,7 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     if _reads_metadata_only(consumer):
         return None
     orig = info(value).dtype
-    if orig is None or orig.is_floating_point and orig != low_dtype and orig.itemsize == 4:
+    if orig is None or (orig.is_floating_point and orig != low_dtype and orig.itemsize == 4):
         return HIGH
     if orig == low_dtype:
         return LOW

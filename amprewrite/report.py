@@ -85,13 +85,14 @@ class Report:
         lines = [f"amprewrite report: dtype={self.dtype}, capture={self.capture}",
                  f"nodes: {counts}; casts inserted: {len(self.casts)}"]
         if self.timings:
-            lines.append("time: " + ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items()))
+            times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items())
+            lines.append(f"time: {times}")
         lines += [f"note: {n}" for n in self.notes]
         other = [r for r in self.rewrites if not r.action.startswith("cast")]
         if other:
             lines.append("rewrites:")
-            lines += [f"  [{r.pass_name}] {r.node} ({r.module_path or '-'}): {r.action} — {r.reason}"
-                      for r in other]
+            lines += [f"  [{r.pass_name}] {r.node} ({r.module_path or '-'}): {r.action}"
+                      f" — {r.reason}" for r in other]
         lines.append("precision decisions:")
         lines.append(self.table())
         return "\n".join(lines)

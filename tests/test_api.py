@@ -223,13 +223,13 @@ def test_unsupported_dtype(dtype):
 
 
 def test_not_a_module():
-    with pytest.raises(amprewrite.ModelError, match="expects a torch.nn.Module"):
+    with pytest.raises(amprewrite.ModelError, match=r"expects a torch\.nn\.Module"):
         transform(lambda x: x)
 
 
 def test_keep_fp32_unknown_module_suggests_close_names():
     model = Net()
-    with unchanged(model), pytest.raises(amprewrite.PolicyError, match="Did you mean 'head'"):
+    with unchanged(model), pytest.raises(amprewrite.PolicyError, match=r"Did you mean 'head'"):
         transform(model, keep_fp32=["haed"])
 
 

@@ -30,9 +30,12 @@ def freeze_dtype_reads(gm: fx.GraphModule) -> PassResult:
         dtype = info(node.args[0]).dtype
         if dtype is None:
             continue
+        def freeze(n: fx.Node, read: fx.Node = node, d=dtype):
+            return d if n is read else n
+
         for user in list(node.users):
-            user.args = fx.node.map_arg(user.args, lambda n, d=dtype: d if n is node else n)
-            user.kwargs = fx.node.map_arg(user.kwargs, lambda n, d=dtype: d if n is node else n)
+            user.args = fx.node.map_arg(user.args, freeze)
+            user.kwargs = fx.node.map_arg(user.kwargs, freeze)
         record(gm, node, "freeze_dtype_reads", f"x.dtype -> {dtype}",
                "the model's own conversions keep the dtype the fp32 model had")
         gm.graph.erase_node(node)

@@ -97,6 +97,13 @@ def _promote(infos: list[ValueInfo], float_scalar: bool, int_to_float: bool) -> 
     return ValueInfo("tensor", torch.int64)
 
 
+def _reduces_along_dim(node: fx.Node) -> bool:
+    """``x.max(dim)`` returns (values, indices); ``x.max()`` and ``torch.max(x, y)`` a tensor."""
+    if "dim" in node.kwargs:
+        return True
+    return len(node.args) > 1 and isinstance(node.args[1], int)
+
+
 def _module_info(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
     mod = gm.get_submodule(str(node.target))
     weight = getattr(mod, "weight", None)
@@ -143,9 +150,9 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
         return ValueInfo("tensor", torch.bool)
     if name in _INDEX_OUT:
         return ValueInfo("tensor", torch.int64)
-    if name in _PAIR_OUT or (name in ("max", "min", "median") and len(node.args) + len(node.kwargs) > 1
-                             and not isinstance(node.args[1] if len(node.args) > 1 else None, fx.Node)):
-        return ValueInfo("seq", items=(ValueInfo("tensor", first.dtype), ValueInfo("tensor", torch.int64)))
+    if name in _PAIR_OUT or (name in ("max", "min", "median") and _reduces_along_dim(node)):
+        values, indices = ValueInfo("tensor", first.dtype), ValueInfo("tensor", torch.int64)
+        return ValueInfo("seq", items=(values, indices))
     if name in _SPLITS:
         return ValueInfo("seq", dtype=first.dtype)
     if name in _FLOAT_FACTORIES and node.op in ("call_function", "call_method"):
@@ -154,12 +161,12 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
             return ValueInfo("tensor", d)
         if name.endswith("_like") or name.startswith("new_"):
             return ValueInfo("tensor", first.dtype) if first.kind == "tensor" else UNKNOWN_TENSOR
-        if name in ("arange", "range", "full", "tensor", "as_tensor", "scalar_tensor"):
+        if name in ("tensor", "as_tensor"):
+            return UNKNOWN_TENSOR  # the dtype follows the data
+        if name in ("arange", "range", "full", "scalar_tensor"):
             # arange(n) of integers is int64; a float bound or fill value makes it float.
-            if name in ("tensor", "as_tensor") or _has_float_scalar(node):
-                return UNKNOWN_TENSOR if name in ("tensor", "as_tensor") else ValueInfo(
-                    "tensor", torch.get_default_dtype())
-            return ValueInfo("tensor", torch.int64)
+            float_valued = _has_float_scalar(node)
+            return ValueInfo("tensor", torch.get_default_dtype() if float_valued else torch.int64)
         return ValueInfo("tensor", torch.get_default_dtype())
     if name in ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack"):
         seq = node.args[0] if node.args else node.kwargs.get("tensors", ())
@@ -167,12 +174,12 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
         return _promote([i for i in infos if i.kind == "tensor"], False, False)
     inputs = _tensor_infos(node)
     if not inputs:
-        is_torch = getattr(node.target, "__module__", "") or ""
-        return UNKNOWN_TENSOR if is_torch.startswith("torch") and node.op == "call_function" else OTHER
+        from_torch = (getattr(node.target, "__module__", "") or "").startswith("torch")
+        return UNKNOWN_TENSOR if from_torch and node.op == "call_function" else OTHER
     fam = family_of(node)
     int_to_float = (fam is not None and fam.name in _INT_TO_FLOAT_FAMILIES) or (
-        node.target in _TRUE_DIVISION or name in ("div", "true_divide", "sqrt")
-        and not node.kwargs.get("rounding_mode"))
+        node.target in _TRUE_DIVISION or (name in ("div", "true_divide", "sqrt")
+        and not node.kwargs.get("rounding_mode")))
     return _promote(inputs, _has_float_scalar(node), int_to_float)
 
 

@@ -48,8 +48,9 @@ def _conv_t(m, x, attr):
 
 _RULES: dict[type, Lowering] = {
     nn.Linear: lambda m, x, attr: (F.linear, (x, attr("weight"), attr("bias")), {}),
-    nn.Embedding: lambda m, x, attr: (F.embedding, (x, attr("weight"), m.padding_idx, m.max_norm,
-                                                    m.norm_type, m.scale_grad_by_freq, m.sparse), {}),
+    nn.Embedding: lambda m, x, attr: (F.embedding, (
+        x, attr("weight"), m.padding_idx, m.max_norm, m.norm_type, m.scale_grad_by_freq, m.sparse),
+        {}),
     nn.LayerNorm: lambda m, x, attr: (F.layer_norm, (x, m.normalized_shape, attr("weight"),
                                                      attr("bias"), m.eps), {}),
     nn.GroupNorm: lambda m, x, attr: (F.group_norm, (x, m.num_groups, attr("weight"),

@@ -108,7 +108,8 @@ class PaintPrecision:
         elif not value.has_float():
             cls, why = Precision.NONFLOAT, "integer, bool or non-tensor value"
         elif value.float_dtype() not in (None, torch.float32, low):
-            cls, why = Precision.NONFLOAT, f"{value.float_dtype()} value: computed as the model does"
+            cls = Precision.NONFLOAT
+            why = f"{value.float_dtype()} value: computed as the model does"
         elif is_inplace(node):
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta["amp_tied"] = True

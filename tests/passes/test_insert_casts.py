@@ -133,7 +133,8 @@ def test_integer_inputs_are_not_cast():
     model = Emb()
     gm = transform(model, dtype=torch.bfloat16)
     seen = runtime_dtypes(gm, ids, mask)
-    (mask_sum,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "sum" and n.args[0].op == "placeholder"]
+    (mask_sum,) = [n for n in gm.graph.nodes
+                   if n.meta.get(M.FAMILY) == "sum" and n.args[0].op == "placeholder"]
     assert seen[mask_sum.name][1] == torch.int64  # the bool mask was summed as integers
     out = gm(ids, mask)
     assert out.dtype == torch.float32

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import time
 from collections.abc import Iterable
@@ -29,6 +30,8 @@ def transform(
     allow_low: Iterable[Selector] = (),
     params: str = "fp32",
     keep_io_dtype: bool = True,
+    upsample: str = "auto",
+    device: torch.device | str | None = None,
 ) -> fx.GraphModule:
     """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
 
@@ -45,6 +48,12 @@ def transform(
         params: ``"fp32"`` shares the model's Parameters (training ``gm`` trains ``model``);
             ``"low"`` stores ``dtype`` copies of weights that only low-precision ops read.
         keep_io_dtype: return outputs in the dtype the original model returns them.
+        upsample: ``"auto"`` rewrites nearest upsampling that has no kernel for ``dtype`` on
+            ``device`` (found by running it once) into exact copies, and non-nearest modes
+            without a kernel into fp32 islands; ``"always"`` rewrites every nearest upsample;
+            ``"never"`` none.
+        device: the device the graph will run on; defaults to the model's. Kernel probes run
+            there.
 
     Example:
         >>> import torch, amprewrite
@@ -57,7 +66,7 @@ def transform(
     """
     policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
-                    keep_io_dtype=keep_io_dtype)
+                    keep_io_dtype=keep_io_dtype, upsample=upsample, device=device)
     return transform_with(model, policy, example_inputs)
 
 
@@ -77,6 +86,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend)."""
     _check_model(model)
     _check_selectors(model, policy)
+    if policy.device is None:
+        policy = dataclasses.replace(policy, device=_model_device(model))
     start = time.perf_counter()
     captured = capture(model, example_inputs)
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
@@ -88,6 +99,12 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     rep.notes += _notes(gm, captured.method)
     rep.timings["total"] = time.perf_counter() - start
     return gm
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in [*model.parameters(), *model.buffers()]:
+        return t.device
+    return torch.device("cpu")
 
 
 def _check_model(model: object) -> None:

@@ -29,6 +29,7 @@ REASON = "amp_reason"  # why the class was chosen
 NATURAL = "amp_natural"  # "high" / "low" / None: the precision the value is computed in
 LABEL = "amp_label"  # "high" / "low" / None: the dtype the value physically has after casts
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
+FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
 
 HIGH, LOW = "high", "low"
 
@@ -45,6 +46,7 @@ class ValueInfo:
     dtype: torch.dtype | None = None
     numel: int | None = None
     items: tuple[ValueInfo, ...] = ()
+    shape: tuple[int | None, ...] | None = None
 
     @property
     def is_float(self) -> bool:
@@ -94,7 +96,8 @@ def _int_or_none(x: object) -> int | None:
 def info_from_value(value: object) -> ValueInfo:
     """ValueInfo of a real or fake value (dynamo's ``example_value``, ShapeProp's results)."""
     if isinstance(value, torch.Tensor):
-        return ValueInfo("tensor", value.dtype, _int_or_none(value.numel()))
+        shape = tuple(_int_or_none(s) for s in value.shape)
+        return ValueInfo("tensor", value.dtype, _int_or_none(value.numel()), shape=shape)
     if isinstance(value, (tuple, list)):
         return ValueInfo("seq", items=tuple(info_from_value(v) for v in value))
     return OTHER

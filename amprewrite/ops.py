@@ -280,13 +280,30 @@ FAMILIES: dict[str, Family] = {f.name: f for f in _TABLE}
 _BY_FUNCTION: dict[object, Family] = {}
 _BY_METHOD: dict[str, Family] = {}
 _BY_MODULE: dict[type, Family] = {}
-for _fam in FAMILIES.values():
-    for _fn in _fam.functions:
-        _BY_FUNCTION.setdefault(_fn, _fam)
-    for _m in _fam.methods:
-        _BY_METHOD.setdefault(_m, _fam)
-    for _mod in _fam.modules:
-        _BY_MODULE.setdefault(_mod, _fam)
+
+
+def register_family(family: Family) -> Family:
+    """Add a family (or replace one of the same name) with all its spellings.
+
+    Rewrite passes use it for the functions they put into graphs, e.g. ``upsample_nearest``.
+    Spellings already claimed by an earlier family keep that family.
+    """
+    FAMILIES[family.name] = family
+    _reindex()
+    return family
+
+
+def _reindex() -> None:
+    _BY_FUNCTION.clear()
+    _BY_METHOD.clear()
+    _BY_MODULE.clear()
+    for fam in FAMILIES.values():
+        for fn in fam.functions:
+            _BY_FUNCTION.setdefault(fn, fam)
+        for m in fam.methods:
+            _BY_METHOD.setdefault(m, fam)
+        for mod in fam.modules:
+            _BY_MODULE.setdefault(mod, fam)
 
 
 def family_for_function(fn: object) -> Family | None:
@@ -368,3 +385,6 @@ def families_markdown() -> str:
             lines.append(f"| `{f.name}` | {notes} | {spell(f)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+_reindex()

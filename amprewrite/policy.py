@@ -84,6 +84,8 @@ class Policy:
     allow_low: tuple[Selector, ...] = field(default=())
     params: Literal["fp32", "low"] = "fp32"
     keep_io_dtype: bool = True
+    upsample: Literal["auto", "always", "never"] = "auto"
+    device: torch.device | None = None  # the device the graph will run on (for kernel probes)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -103,5 +105,16 @@ class Policy:
                 f"'low' (store low-precision copies of weights used only by low ops), "
                 f"got {self.params!r}."
             )
+        if self.upsample not in ("auto", "always", "never"):
+            raise PolicyError(
+                f"upsample must be 'auto' (rewrite nearest upsampling the target has no kernel "
+                f"for), 'always' or 'never', got {self.upsample!r}."
+            )
+        if self.device is not None:
+            try:
+                object.__setattr__(self, "device", torch.device(self.device))
+            except (RuntimeError, TypeError):
+                raise PolicyError(f"device must name a torch device such as 'cuda' or 'cpu', "
+                                  f"got {self.device!r}.") from None
         if not isinstance(self.keep_io_dtype, bool):
             raise PolicyError(f"keep_io_dtype must be True or False, got {self.keep_io_dtype!r}.")

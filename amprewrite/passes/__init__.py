@@ -21,6 +21,7 @@ from .infer_dtypes import infer_dtypes
 from .insert_casts import InsertCasts
 from .normalize import normalize_modules
 from .paint_precision import PaintPrecision
+from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 
 __all__ = ["pipeline", "run_pipeline"]
@@ -37,8 +38,9 @@ def pipeline(policy: Policy) -> list[tuple[str, Pass]]:
         ("infer_dtypes", infer_dtypes),
         # Before painting: a frozen x.dtype turns h.to(x.dtype) into a visible conversion.
         ("freeze_dtype_reads", freeze_dtype_reads),
-        # Rewrite passes (exact, dtype-independent) go above this line: painting sees the
-        # final set of ops.
+        # Rewrite passes (exact, dtype-independent) go here: painting sees the final ops.
+        # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
+        ("replace_upsample", ReplaceUpsample(policy)),
         ("paint_precision", PaintPrecision(policy)),
         ("insert_casts", InsertCasts(policy)),
         # Last: it replaces weight casts that insert_casts made with stored low copies.

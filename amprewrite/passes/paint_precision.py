@@ -110,6 +110,8 @@ class PaintPrecision:
         elif value.float_dtype() not in (None, torch.float32, low):
             cls = Precision.NONFLOAT
             why = f"{value.float_dtype()} value: computed as the model does"
+        elif (forced := node.meta.get(M.FORCE)) is not None:
+            cls, why = forced
         elif is_inplace(node):
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta["amp_tied"] = True

@@ -61,3 +61,21 @@ def test_llama_rotary_positions_are_a_position_cone():
     assert any(n.meta.get(M.FAMILY) == "trig" for n in cone)  # cos/sin of positions in fp32
     emb = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "embedding"]
     assert emb and all(n.meta[M.LABEL] == M.HIGH for n in emb)  # the residual stream stays fp32
+
+
+@pytest.mark.parametrize("name", ["unet2d", "vae_decoder"])
+def test_nearest_upsample_rewrite_is_exact_on_diffusers(name):
+    from amprewrite.passes.replace_upsample import upsample_nearest
+
+    from . import zoo
+
+    model, inputs = getattr(zoo, name)()
+    always = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs,
+                                  upsample="always")
+    never = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs,
+                                 upsample="never")
+    rewritten = [n for n in always.graph.nodes if n.target is upsample_nearest]
+    assert rewritten
+    assert all(n.meta[M.CLASS] == Precision.NEUTRAL for n in rewritten)
+    with torch.no_grad():
+        assert torch.equal(first_tensor(always(*inputs)), first_tensor(never(*inputs)))

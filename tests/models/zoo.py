@@ -47,3 +47,14 @@ def first_tensor(out: object) -> torch.Tensor:
 
 
 MODELS = {"llama": llama, "bert": bert, "unet2d": unet2d}
+
+
+def vae_decoder():
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(in_channels=3, out_channels=3,
+                        down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64),
+                        layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=16)
+    return vae.decoder.eval(), (torch.randn(1, 4, 8, 8),)

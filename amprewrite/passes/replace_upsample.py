@@ -3,10 +3,12 @@
 Matches:   ``y = F.interpolate(x, scale_factor=2, mode="nearest")`` (and ``F.upsample``,
            ``F.upsample_nearest``, ``F.upsample_bilinear``, ``nn.Upsample``,
            ``nn.UpsamplingNearest2d``, ``nn.UpsamplingBilinear2d`` after normalisation)
-Rewrite to: ``y = upsample_nearest(x, None, 2, False, None)``, which computes, bit for bit as
-           PyTorch does, ``x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2h, 2w)``
-           when the source index is ``dst // s`` for an integer s, and index gathers whose indices
-           follow PyTorch's own formula otherwise. Sizes are read at run time.
+Rewrite to: ``y = upsample_nearest(x, None, 2, False, None)``, which computes, bit for bit
+           as PyTorch does,
+           ``x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2h, 2w)``
+           when the source index is ``dst // s`` for an integer s, and index gathers whose
+           indices follow PyTorch's own formula otherwise. Sizes are read at run time, and the
+           output has the memory format PyTorch's kernel would give it.
 
 Which nodes: ``upsample="always"`` rewrites every nearest upsample; ``"auto"`` (default) those a
 capability probe finds no kernel for on the target device and dtype (as bf16 on CUDA before
@@ -153,7 +155,7 @@ register_family(Family("upsample_nearest", Precision.NEUTRAL, (upsample_nearest,
 # --- which nodes, and the probe ---------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bool:
     """Does ``F.interpolate(mode=mode)`` run forward and backward on this device and dtype?"""
     extra = {"align_corners": False} if mode in _RANK_OF_MODE else {}

@@ -192,7 +192,8 @@ def test_auto_rewrites_what_the_probe_says_is_missing(missing_kernels):
     # Same numbers as keeping the bilinear upsample ("3") in fp32 by hand, without the rewrite.
     by_hand = transform(model, dtype=torch.bfloat16, upsample="never", keep_fp32=["3"])
     assert torch.equal(gm(x), by_hand(x))
-    reasons = [r.reason for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
+    reasons = [r.reason for r in amprewrite.report(gm).rewrites
+               if r.pass_name == "replace_upsample"]
     assert len(reasons) == 2 and all("probed" in r for r in reasons)
     # The island: bilinear gets an fp32 input and its output leaves in fp32.
     assert any(c.meta[M.CAST] == torch.float32 and bil.args[0] is c for c in casts(gm))
@@ -220,3 +221,19 @@ def test_planning_for_an_absent_device_says_what_to_do():
 def test_upsample_option_is_validated():
     with pytest.raises(amprewrite.PolicyError, match="upsample must be"):
         transform(nn.Upsample(scale_factor=2), upsample="sometimes")
+
+
+def test_gradients_under_torch_compile():
+    torch._dynamo.reset()
+    for shape, kw in CASES[:6]:
+        x = torch.randint(-8, 8, shape).float().requires_grad_()
+        y = x.detach().clone().requires_grad_()
+        native = F.interpolate(x, **kw)
+        grad = torch.randint(-4, 4, native.shape).float()
+        native.backward(grad)
+        gm = transform(Up(**kw), dtype=torch.bfloat16, upsample="always",
+                       example_inputs=(y.detach(),), keep_io_dtype=False)
+        out = torch.compile(gm, fullgraph=True, dynamic=False)(y)
+        out.float().backward(grad.to(out.dtype).float())
+        # Integer values and gradients are exact in bf16 (|v| < 256): the sums are exact too.
+        assert torch.equal(y.grad, x.grad), (shape, kw)

@@ -1,0 +1,93 @@
+"""Nearest upsampling: native F.interpolate vs amprewrite's exact replacement.
+
+    python -m benchmarks.upsample [--repeats 20] [--device cpu|cuda]
+
+Eager and torch.compile'd, forward and forward+backward, fp32 and bf16, on a UNet-decoder-like
+feature map (8 x 64 x 64 x 64, factor 2). Medians over repeats, with the interquartile range;
+ratios are rewrite / native measured in the same run. Writes docs/benchmarks/upsample_<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from amprewrite.passes.replace_upsample import upsample_nearest
+
+from .common import save, table
+
+
+def _native(x):
+    return F.interpolate(x, scale_factor=2, mode="nearest")
+
+
+def _rewrite(x):
+    return upsample_nearest(x, None, 2, False, None)
+
+
+def _time(fn, x, backward: bool, repeats: int, device: str) -> tuple[float, float, float]:
+    def step():
+        y = fn(x)
+        if backward:
+            y.backward(torch.ones_like(y))
+        return y
+
+    for _ in range(3):
+        step()
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t)
+    q = statistics.quantiles(samples, n=4)
+    return statistics.median(samples), q[0], q[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--shape", type=int, nargs=4, default=[8, 64, 64, 64])
+    args = parser.parse_args()
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for compiled in (False, True):
+            for backward in (False, True):
+                x = torch.randn(args.shape, device=args.device, dtype=dtype,
+                                requires_grad=backward)
+                fns = {"native": _native, "rewrite": _rewrite}
+                if compiled:
+                    torch._dynamo.reset()
+                    fns = {k: torch.compile(f, dynamic=False) for k, f in fns.items()}
+                assert torch.equal(fns["native"](x), fns["rewrite"](x))
+                med = {k: _time(f, x, backward, args.repeats, args.device) for k, f in fns.items()}
+                rows.append({
+                    "device": args.device, "dtype": str(dtype).replace("torch.", ""),
+                    "mode": "compiled" if compiled else "eager",
+                    "pass": "fwd+bwd" if backward else "fwd",
+                    "native_ms": med["native"][0] * 1e3,
+                    "native_iqr_ms": (med["native"][2] - med["native"][1]) * 1e3,
+                    "rewrite_ms": med["rewrite"][0] * 1e3,
+                    "rewrite_iqr_ms": (med["rewrite"][2] - med["rewrite"][1]) * 1e3,
+                    "rewrite/native": med["rewrite"][0] / med["native"][0],
+                })
+                print(table(rows[-1:], list(rows[-1])), flush=True)
+    cols = ["device", "dtype", "mode", "pass", "native_ms", "native_iqr_ms", "rewrite_ms",
+            "rewrite_iqr_ms", "rewrite/native"]
+    print(table(rows, cols))
+    path = save(f"upsample_{args.device}", rows, {
+        "command": f"python -m benchmarks.upsample --repeats {args.repeats} --device "
+                   f"{args.device} --shape {' '.join(map(str, args.shape))}"})
+    print(f"saved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -219,6 +219,8 @@ _TABLE: list[Family] = [
         methods=["dropout"],
         modules=["Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
                  "FeatureAlphaDropout"]),
+    # fold sums overlapping patches: not a pure copy.
+    _op("fold", P, ["nn.functional.fold"], modules=["Fold"]),
     _op("avg_pool", P, ["nn.functional.avg_pool1d", "nn.functional.avg_pool2d",
                         "nn.functional.avg_pool3d", "nn.functional.adaptive_avg_pool1d",
                         "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d",
@@ -255,7 +257,7 @@ _TABLE: list[Family] = [
                      "transpose", "swapaxes", "movedim", "t", "broadcast_to", "flip", "roll",
                      "rot90", "clone", "detach", "atleast_1d", "atleast_2d", "atleast_3d",
                      "nn.functional.pixel_shuffle", "nn.functional.pixel_unshuffle",
-                     "nn.functional.pad", "nn.functional.unfold", "nn.functional.fold",
+                     "nn.functional.pad", "nn.functional.unfold",
                      "nn.functional.channel_shuffle"],
         methods=["view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze",
                  "unsqueeze", "permute", "transpose", "swapaxes", "movedim", "t", "expand",

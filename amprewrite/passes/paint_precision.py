@@ -26,6 +26,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 from .. import meta as M
 from ..meta import HIGH, LOW, info
 from ..ops import FAMILIES, Precision, family_of, precision_of
+from ..plan import float_inputs
 from ..policy import Policy, Selector
 
 __all__ = ["PaintPrecision", "is_inplace", "matches"]
@@ -58,12 +59,6 @@ def matches(node: fx.Node, selector: Selector) -> bool:
         return node.meta.get(M.FAMILY) == selector
     path = node.meta.get(M.MODULE_PATH, "")
     return path == selector or path.startswith(selector + ".")
-
-
-def _float_inputs(node: fx.Node) -> list[fx.Node]:
-    out: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
-    return [n for n in dict.fromkeys(out) if info(n).has_float()]
 
 
 def _conversion_target(node: fx.Node) -> torch.dtype | None:
@@ -196,7 +191,7 @@ class PaintPrecision:
             return LOW
         if cls == Precision.FP32:
             return HIGH
-        inputs = [n.meta.get(M.NATURAL) for n in _float_inputs(node)]
+        inputs = [n.meta.get(M.NATURAL) for n in float_inputs(node)]
         if node.meta.get("amp_tied") and inputs:
             return inputs[0]
         if not inputs:

@@ -7,6 +7,7 @@ torch.float32
 """
 
 from .api import transform
+from .backend import amprewrite_backend, backend
 from .errors import (
     AmpRewriteError,
     CaptureError,
@@ -33,6 +34,8 @@ __all__ = [
     "Precision",
     "Report",
     "Rewrite",
+    "amprewrite_backend",
+    "backend",
     "report",
     "transform",
 ]

@@ -101,6 +101,18 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     return gm
 
 
+def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"
+                    ) -> fx.GraphModule:
+    """Run the passes on an already captured graph (the torch.compile backend's entry)."""
+    start = time.perf_counter()
+    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method)
+    gm.meta[REPORT_KEY] = rep
+    gm = run_pipeline(gm, pipeline(policy), rep.timings)
+    rep.decisions = _decisions(gm, policy)
+    rep.timings["total"] = time.perf_counter() - start
+    return gm
+
+
 def _model_device(model: nn.Module) -> torch.device:
     for t in [*model.parameters(), *model.buffers()]:
         return t.device

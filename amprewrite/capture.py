@@ -29,7 +29,7 @@ from torch import fx, nn
 from . import meta as M
 from .errors import CaptureError, ModeSwitchError
 
-__all__ = ["Capture", "DynamoGraphModule", "capture"]
+__all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
@@ -137,23 +137,28 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
         ) from None
     src = exported.graph_module
     graph = src.graph
+    annotate_dynamo_graph(graph)
     names = _tensor_names(model)
     for node in graph.nodes:
-        stack = node.meta.get("nn_module_stack") or {}
-        entries = list(stack.values())
-        node.meta[M.MODULE_PATH] = M.clean_module_path(entries[-1][0]) if entries else ""
-        node.meta[M.MODULE_TYPES] = tuple(e[1] for e in entries if isinstance(e[1], type))
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if node.op != "output":
-            node.meta[M.ORIG] = M.info_from_value(value)
         if node.op == "get_attr":
             obj = _get(src, str(node.target))
-            node.meta["amp_const"] = obj
             if isinstance(obj, torch.Tensor) and id(obj) in names:
                 node.target = names[id(obj)]
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
     return gm
+
+
+def annotate_dynamo_graph(graph: fx.Graph) -> None:
+    """Module paths and ValueInfos (see :mod:`amprewrite.meta`) from dynamo's own node meta."""
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        entries = list(stack.values())
+        node.meta[M.MODULE_PATH] = M.clean_module_path(entries[-1][0]) if entries else ""
+        node.meta[M.MODULE_TYPES] = tuple(e[1] for e in entries if isinstance(e[1], type))
+        if node.op != "output":
+            node.meta[M.ORIG] = M.info_from_value(
+                node.meta.get("example_value", node.meta.get("val")))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,112 @@
+"""The ``torch.compile`` backend ``"amprewrite"``: the same passes on dynamo's graph.
+
+::
+
+    compiled = torch.compile(model, backend="amprewrite")
+    compiled = torch.compile(model, backend="amprewrite", options={"dtype": "fp16"})
+    compiled = torch.compile(model, backend=amprewrite.backend(dtype=torch.float16, inner="eager"))
+
+The backend is found without importing amprewrite (the ``torch_dynamo_backends`` entry point)
+and is also registered on import. Dynamo hands it a graph whose parameters are graph inputs:
+they are cast in the graph, never copied, so the optimizer keeps training the fp32 weights.
+Precision lives in the graph, not in autocast's thread-local state, so the compiled model
+behaves the same in any thread (``nn.DataParallel``) or process (DDP).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import fx
+
+from .api import transform_graph
+from .capture import annotate_dynamo_graph
+from .errors import PolicyError
+from .policy import Policy
+
+__all__ = ["amprewrite_backend", "backend"]
+
+_POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
+Inner = str | Callable[..., Callable]
+
+
+def _policy(options: Mapping[str, object]) -> tuple[Policy, Inner]:
+    opts = dict(options)
+    inner = opts.pop("inner", "inductor")
+    unknown = sorted(set(opts) - _POLICY_FIELDS)
+    if unknown:
+        raise PolicyError(
+            f"unknown amprewrite backend option(s) {unknown}; valid: "
+            f"{sorted(_POLICY_FIELDS | {'inner'})}."
+        )
+    if opts.get("params", "fp32") != "fp32":
+        raise PolicyError(
+            "the torch.compile backend receives parameters as graph inputs and casts them in "
+            "the graph; params='low' needs amprewrite.transform(model, params='low')."
+        )
+    for key in ("keep_fp32", "allow_low"):
+        if isinstance(opts.get(key), (list, set)):
+            opts[key] = tuple(opts[key])
+    return Policy(**opts), inner
+
+
+def _inner_backend(inner: Inner) -> Callable:
+    if callable(inner):
+        return inner
+    if isinstance(inner, str):
+        from torch._dynamo.backends.registry import lookup_backend
+
+        return lookup_backend(inner)
+    raise PolicyError(f"inner must be a backend name ('inductor', 'aot_eager', 'eager') or a "
+                      f"callable, got {inner!r}.")
+
+
+def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
+    annotate_dynamo_graph(gm.graph)
+    if policy.device is None:
+        devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
+        policy = dataclasses.replace(policy, device=devices[0] if devices else None)
+    gm = transform_graph(gm, policy)
+    return _inner_backend(inner)(gm, example_inputs)
+
+
+def amprewrite_backend(gm: fx.GraphModule, example_inputs: list, options: Mapping | None = None,
+                       mode: str | None = None):
+    """The registered backend: ``torch.compile(m, backend="amprewrite", options={...})``.
+
+    ``options`` takes the keywords of :func:`amprewrite.transform` (``dtype``, ``keep_fp32``,
+    ``allow_low``, ``keep_io_dtype``, ``upsample``, ``device``) and ``inner``, the backend that
+    compiles the rewritten graph (default ``"inductor"``).
+    """
+    del mode  # torch.compile passes mode= to every backend; it is inductor's concern
+    policy, inner = _policy(options or {})
+    return _compile(gm, example_inputs, policy, inner)
+
+
+def backend(inner: Inner = "inductor", **policy: object) -> Callable:
+    """A backend callable for ``torch.compile(model, backend=...)`` with any inner backend.
+
+    >>> import torch, amprewrite
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+    >>> compiled = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner="eager"))
+    >>> compiled(torch.randn(2, 4)).dtype
+    torch.float32
+    """
+    settings, inner = _policy({**policy, "inner": inner})
+
+    def compile_with_amprewrite(gm: fx.GraphModule, example_inputs: list):
+        return _compile(gm, example_inputs, settings, inner)
+
+    return compile_with_amprewrite
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "amprewrite" not in _BACKENDS or _BACKENDS["amprewrite"] is None:
+        register_backend(compiler_fn=amprewrite_backend, name="amprewrite")
+
+
+_register()

@@ -1,0 +1,155 @@
+"""torch.compile(backend="amprewrite"): discovery, options, the graph it compiles, threads."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import amprewrite
+from amprewrite import meta as M
+from amprewrite.ops import Precision
+
+from .helpers import assert_classes_respected, rel_err
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.up = nn.Upsample(scale_factor=2)
+        self.head = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.up(torch.relu(self.bn(self.conv(x))))).softmax(1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_entry_point_discovery_without_import():
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "amprewrite" in torch._dynamo.list_backends()
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+        out = torch.compile(m, backend="amprewrite", options={"inner": "eager"})(torch.randn(2, 4))
+        print(out.dtype, "amprewrite" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.split() == ["torch.float32", "True"]  # loaded by torch through the entry point
+
+
+class Capture:
+    """An inner backend that keeps the graph amprewrite hands over."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_backend_graph_is_rewritten_and_parameters_are_inputs(dtype):
+    model = CNN().eval()
+    capture = Capture()
+    compiled = torch.compile(model, backend=amprewrite.backend(dtype=dtype, inner=capture),
+                             fullgraph=True)
+    x = torch.randn(2, 3, 8, 8)
+    assert rel_err(compiled(x), model(x)) < 2e-2
+    ((gm, inputs),) = capture.graphs
+    assert any(i is model.conv.weight for i in inputs)  # the fp32 weight itself, not a copy
+    assert_classes_respected(gm, *inputs, low=dtype)
+    classes = {n.meta.get(M.FAMILY): n.meta.get(M.CLASS) for n in gm.graph.nodes}
+    assert classes["conv"] == Precision.LOW and classes["batch_norm"] == Precision.FP32
+    assert amprewrite.report(gm).capture == "dynamo"
+
+
+def test_options_through_torch_compile():
+    model = CNN().eval()
+    compiled = torch.compile(model, backend="amprewrite",
+                             options={"dtype": "fp16", "keep_fp32": ["head"], "inner": "eager"})
+    x = torch.randn(1, 3, 8, 8)
+    assert compiled(x).dtype == torch.float32
+    assert rel_err(compiled(x), model(x)) < 1e-2
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"dtype": "fp8"}, "bfloat16 or float16"),
+    ({"dtyp": "bf16"}, "unknown amprewrite backend option"),
+    ({"params": "low"}, "params='low' needs amprewrite.transform"),
+])
+def test_bad_options_are_clear(options, match):
+    with pytest.raises(amprewrite.PolicyError, match=match):
+        amprewrite.backend(**options)
+    compiled = torch.compile(CNN(), backend="amprewrite", options=options)
+    with pytest.raises(Exception, match=match):
+        compiled(torch.randn(1, 3, 8, 8))
+
+
+@pytest.mark.parametrize("inner", ["eager", "aot_eager", "inductor"])
+def test_inner_backends_and_fullgraph(inner):
+    model = CNN().eval()
+    compiled = torch.compile(model, backend=amprewrite.backend(inner=inner), fullgraph=True)
+    x = torch.randn(2, 3, 8, 8)
+    assert rel_err(compiled(x), model(x)) < 2e-2
+
+
+def test_training_through_the_backend_updates_bn_stats_like_fp32():
+    torch.manual_seed(0)
+    model, ref = CNN().train(), CNN().train()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=amprewrite.backend(inner="aot_eager"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(3):
+        x = torch.randn(4, 3, 8, 8)
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad()
+            m(x).square().mean().backward()
+            o.step()
+    assert model.conv.weight.dtype == torch.float32 and model.conv.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(model.bn.running_var, ref.bn.running_var, rtol=2e-2, atol=2e-3)
+    assert int(model.bn.num_batches_tracked) == 3
+
+
+@pytest.mark.parametrize("kind", ["transform", "compile"])
+def test_side_thread_gives_the_same_dtypes_and_values(kind):
+    model = CNN().eval()
+    x = torch.randn(2, 3, 8, 8)
+    if kind == "transform":
+        run = amprewrite.transform(model, dtype=torch.bfloat16)
+    else:
+        run = torch.compile(model, backend=amprewrite.backend(inner="eager"))
+    main = run(x)
+    seen = {}
+
+    def worker():  # like nn.DataParallel's replicas: no autocast context in this thread
+        seen["out"] = run(x)
+        seen["inner"] = torch.is_autocast_enabled()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["inner"] is False
+    assert seen["out"].dtype == main.dtype and torch.equal(seen["out"], main)
+
+
+def test_syncbatchnorm_is_painted_fp32():
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.SyncBatchNorm(8), nn.ReLU(), nn.Conv2d(8, 2, 1))
+    gm = amprewrite.transform(model, dtype=torch.bfloat16)
+    (sbn,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "batch_norm"]
+    assert sbn.op == "call_module" and sbn.meta[M.CLASS] == Precision.FP32
+    (cast,) = sbn.args
+    assert cast.meta[M.CAST] == torch.float32  # low conv output is upcast before it

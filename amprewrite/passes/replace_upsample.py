@@ -29,6 +29,7 @@ from fractions import Fraction
 import torch
 import torch.nn.functional as F
 from torch import fx
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
@@ -159,13 +160,16 @@ register_family(Family("upsample_nearest", Precision.NEUTRAL, (upsample_nearest,
 def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bool:
     """Does ``F.interpolate(mode=mode)`` run forward and backward on this device and dtype?"""
     extra = {"align_corners": False} if mode in _RANK_OF_MODE else {}
-    try:
-        x = torch.ones((1, 1) + (2,) * (rank - 2), device=device_type, dtype=dtype,
-                       requires_grad=True)
-        F.interpolate(x, scale_factor=2, mode=mode, **extra).sum().backward()
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
+    # Probe real kernels whatever the caller's context: under torch.no_grad() the backward
+    # would fail, and inside torch.compile a fake-tensor mode may be active.
+    with _disable_current_modes(), torch.enable_grad():
+        try:
+            x = torch.ones((1, 1) + (2,) * (rank - 2), device=device_type, dtype=dtype,
+                           requires_grad=True)
+            F.interpolate(x, scale_factor=2, mode=mode, **extra).sum().backward()
+            return True
+        except (RuntimeError, NotImplementedError):
+            return False
 
 
 def check_device(device: torch.device) -> None:

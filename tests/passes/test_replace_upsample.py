@@ -208,6 +208,20 @@ def test_auto_leaves_working_kernels_alone():
     assert not [r for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
 
 
+def test_probe_is_independent_of_the_callers_grad_mode_and_compile_context():
+    replace_upsample.has_kernel.cache_clear()
+    with torch.no_grad():  # inference: the probe's backward must still run
+        assert replace_upsample.has_kernel("cpu", torch.bfloat16, "nearest", 4)
+    replace_upsample.has_kernel.cache_clear()
+    torch._dynamo.reset()
+    graphs = []
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2), nn.Conv2d(4, 2, 1))
+    backend = amprewrite.backend(inner=lambda gm, ex: graphs.append(gm) or gm.forward)
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(torch.randn(1, 3, 4, 4))
+    assert not any(n.target is upsample_nearest for n in graphs[0].graph.nodes)
+
+
 def test_planning_for_an_absent_device_says_what_to_do():
     if torch.cuda.is_available():
         pytest.skip("CUDA is present")

@@ -23,6 +23,7 @@ from .normalize import normalize_modules
 from .paint_precision import PaintPrecision
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
+from .vectorize_loops import vectorize_loops
 
 __all__ = ["pipeline", "run_pipeline"]
 
@@ -39,6 +40,8 @@ def pipeline(policy: Policy) -> list[tuple[str, Pass]]:
         # Before painting: a frozen x.dtype turns h.to(x.dtype) into a visible conversion.
         ("freeze_dtype_reads", freeze_dtype_reads),
         # Rewrite passes (exact, dtype-independent) go here: painting sees the final ops.
+        # First of them: re-rolling shrinks an unrolled loop B-fold for every later pass.
+        ("vectorize_loops", vectorize_loops),
         # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
         ("replace_upsample", ReplaceUpsample(policy)),
         ("paint_precision", PaintPrecision(policy)),

@@ -4,8 +4,9 @@
 
 For a BatchNorm + nearest-upsample CNN and a LLaMA-class decoder (transformers, small config):
 inference (eval, no_grad) and a training step (forward + backward), each torch.compile'd with
-inductor, medians over repeats with the interquartile range; relative output error against the
-fp32 eager model. Ratios are measured in one run. Writes docs/benchmarks/runtime_<device>.json.
+inductor. All variants are compiled first and then timed interleaved, round-robin, so that the
+machine's drift affects them alike; medians over repeats with the interquartile range; relative
+output error against the fp32 eager model. Writes docs/benchmarks/runtime_<device>.json.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import time
 
 import torch
 from torch import nn
-
-import amprewrite
 
 from .common import save, table
 
@@ -72,60 +71,72 @@ def _variants(model, device):
     }
 
 
-def _timeit(fn, repeats, device):
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t)
-    q = statistics.quantiles(samples, n=4)
-    return statistics.median(samples) * 1e3, (q[2] - q[0]) * 1e3
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def run(name, device, repeats):
+    """Compile every variant, then time them interleaved (round-robin), so machine drift
+    affects all variants alike; medians and interquartile ranges per variant."""
     model, inputs = MODELS[name](device)
     rows = []
     for training in (False, True):
         model.train(training)
-        with torch.no_grad():
-            ref = _out(model.eval()(*inputs)).float() if not training else None
-        model.train(training)
+        ref = None
+        if not training:
+            with torch.no_grad():
+                ref = _out(model(*inputs)).float()
+        grad_ctx = contextlib.nullcontext if training else torch.no_grad
+        steps, results = {}, {}
         for variant, (m, ctx, prep) in _variants(model, device).items():
             m.train(training)
             torch._dynamo.reset()
-            backend = "amprewrite" if variant == "amprewrite" else "inductor"
-            compiled = torch.compile(m, backend=backend)
+            compiled = torch.compile(m, backend="amprewrite" if variant == "amprewrite"
+                                     else "inductor")
+
             args = prep(inputs)
 
-            def step(compiled=compiled, ctx=ctx, args=args):
+            def step(compiled=compiled, ctx=ctx, args=args, training=training):
                 with ctx():
                     out = _out(compiled(*args))
                 if training:
                     out.float().square().mean().backward()
                 return out
 
-            row = {"model": name, "device": device, "task": "train step" if training else "infer",
-                   "variant": variant}
+            row = {"model": name, "device": device,
+                   "task": "train step" if training else "infer", "variant": variant}
             try:
-                with torch.no_grad() if not training else contextlib.nullcontext():
-                    t0 = time.perf_counter()
+                with grad_ctx():
+                    start = time.perf_counter()
                     out = step()
-                    row["first_call_s"] = time.perf_counter() - t0
-                    row["median_ms"], row["iqr_ms"] = _timeit(step, repeats, device)
+                    _sync(device)
+                    row["first_call_s"] = time.perf_counter() - start
+                    for _ in range(2):
+                        step()
                 if ref is not None:
-                    diff = (out.float() - ref).norm() / ref.norm()
-                    row["rel_err_vs_fp32"] = float(diff)
+                    row["rel_err_vs_fp32"] = float((out.float() - ref).norm() / ref.norm())
+                steps[variant] = step
             except Exception as exc:  # model.to(bf16) fails on some models: record it
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            results[variant] = row
+        samples = {v: [] for v in steps}
+        with grad_ctx():
+            for _ in range(repeats):
+                for variant, step in steps.items():
+                    _sync(device)
+                    start = time.perf_counter()
+                    step()
+                    _sync(device)
+                    samples[variant].append(time.perf_counter() - start)
+        for variant, row in results.items():
+            if variant in samples:
+                q = statistics.quantiles(samples[variant], n=4)
+                row["median_ms"] = statistics.median(samples[variant]) * 1e3
+                row["iqr_ms"] = (q[2] - q[0]) * 1e3
             rows.append(row)
             print(table([row], list(row)), flush=True)
-    base = {(r["task"]): r.get("median_ms") for r in rows if r["variant"] == "fp32"}
+    base = {r["task"]: r.get("median_ms") for r in rows if r["variant"] == "fp32"}
     for r in rows:
         if r.get("median_ms") and base.get(r["task"]):
             r["vs_fp32"] = r["median_ms"] / base[r["task"]]

@@ -118,7 +118,7 @@ def test_training_through_the_backend_updates_bn_stats_like_fp32():
             o.zero_grad()
             m(x).square().mean().backward()
             o.step()
-    assert model.conv.weight.dtype == torch.float32 and model.conv.weight.grad.dtype == torch.float32
+    assert model.conv.weight.dtype == model.conv.weight.grad.dtype == torch.float32
     torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean, rtol=2e-2, atol=2e-3)
     torch.testing.assert_close(model.bn.running_var, ref.bn.running_var, rtol=2e-2, atol=2e-3)
     assert int(model.bn.num_batches_tracked) == 3

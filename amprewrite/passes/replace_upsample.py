@@ -29,8 +29,8 @@ from fractions import Fraction
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.fx.passes.infra.pass_base import PassResult
+from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import meta as M
 from ..errors import PolicyError

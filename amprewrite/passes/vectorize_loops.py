@@ -86,7 +86,7 @@ def _slice_of(node: fx.Node) -> tuple[fx.Node, int] | None:
             return src, idx
     if (node.op == "call_method" and node.target in _SELECT) or (
             node.op == "call_function" and node.target is torch.select):
-        src, dim, idx = (list(node.args) + [None, None])[:3]
+        src, dim, idx = [*node.args, None, None][:3]
         if isinstance(src, fx.Node) and dim == 0 and type(idx) is int:
             return src, idx
     return None
@@ -158,14 +158,19 @@ def _label(n: fx.Node, it: _Iteration) -> tuple:
     return ("external", n)
 
 
+def _flat_inputs(n: fx.Node) -> list[fx.Node]:
+    """Every node argument of ``n`` in order, repeats included (edge positions matter)."""
+    flat: list[fx.Node] = []
+    fx.node.map_arg((n.args, n.kwargs), flat.append)
+    return flat
+
+
 def _as_graph(it: _Iteration) -> nx.DiGraph:
     g = nx.DiGraph()
     for n in [*it.nodes, *it.slices, *it.externals]:
         g.add_node(n, label=_label(n, it))
     for n in it.nodes:
-        flat: list[fx.Node] = []
-        fx.node.map_arg((n.args, n.kwargs), lambda a: flat.append(a) or a)
-        for pos, a in enumerate(flat):
+        for pos, a in enumerate(_flat_inputs(n)):
             g.add_edge(a, n, pos=(g.edges[a, n]["pos"] + (pos,)) if g.has_edge(a, n) else (pos,))
     return g
 

@@ -9,7 +9,7 @@ from torch import nn
 
 
 def checkerboard(size: int = 64, squares: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Grid coordinates (1, 2, size, size) in [-1, 1] and the 0/1 checkerboard (1, 1, size, size)."""
+    """Grid coordinates (1, 2, size, size) in [-1, 1]; the 0/1 checkerboard (1, 1, size, size)."""
     lin = torch.linspace(-1, 1, size)
     y, x = torch.meshgrid(lin, lin, indexing="ij")
     coords = torch.stack([x, y])[None]

@@ -32,7 +32,7 @@ def _demo(args: argparse.Namespace) -> int:
     model, inputs = demo_model()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     start = time.perf_counter()
-    gm = transform(model, dtype=dtype, example_inputs=inputs)
+    gm = transform(model, dtype=dtype, example_inputs=inputs, upsample=args.upsample)
     elapsed = time.perf_counter() - start
     rep = report(gm)
     print(rep)
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="transform the built-in demo model and print the report")
     demo.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    demo.add_argument("--upsample", choices=("auto", "always", "never"), default="always",
+                      help="the demo shows the exact upsample rewrite by default; 'auto' "
+                           "rewrites only where the device has no kernel")
     demo.set_defaults(run=_demo)
     fams = sub.add_parser("families", help="print the op-family table (Markdown)")
     fams.set_defaults(run=lambda args: print(families_markdown()) or 0)

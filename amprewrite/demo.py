@@ -18,7 +18,7 @@ __all__ = ["DemoNet", "demo_model"]
 
 class DemoNet(nn.Module):
     """Conv + BatchNorm, a sinusoidal timestep embedding, self-attention with a softmax, nearest
-    upsampling, and a BCE loss head on a sigmoid."""
+    upsampling, a per-sample loop (each sample's most-attended tokens) and a BCE loss head."""
 
     def __init__(self, channels: int = 32):
         super().__init__()
@@ -51,7 +51,9 @@ class DemoNet(nn.Module):
         tokens = tokens + self.proj(attn @ v)
         h = tokens.transpose(1, 2).reshape(h.shape)
         out = self.conv_out(self.up(h))
-        prob = torch.sigmoid(self.head(tokens.mean(1)))
+        top = attn.mean(1).topk(4, dim=-1).indices  # per sample: the 4 most-attended tokens
+        picked = torch.stack([tokens[i][top[i]] for i in range(tokens.size(0))])  # a loop
+        prob = torch.sigmoid(self.head(picked.mean(1)))
         return out, self.bce(prob, target)
 
 

@@ -23,4 +23,6 @@ def test_demo_command_runs_and_reports():
     for family in ("batch_norm", "softmax", "interpolate", "binary_cross_entropy", "trig"):
         assert family in out
     assert "position cone" in out
+    assert "re-rolled 2 iterations -> batch_index" in out  # vectorize_loops
+    assert "interpolate -> upsample_nearest" in out  # replace_upsample
     assert "relative error against fp32" in out and "autocast" in out

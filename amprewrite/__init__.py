@@ -16,6 +16,7 @@ from .errors import (
     PassError,
     PolicyError,
 )
+from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
 from .ops import FAMILIES, Family, Precision
 from .policy import Policy
 from .report import Decision, Report, Rewrite, report
@@ -24,10 +25,12 @@ __all__ = [
     "FAMILIES",
     "AmpRewriteError",
     "CaptureError",
+    "CheckResult",
     "Decision",
     "Family",
     "ModeSwitchError",
     "ModelError",
+    "NodeError",
     "PassError",
     "Policy",
     "PolicyError",
@@ -36,6 +39,8 @@ __all__ = [
     "Rewrite",
     "amprewrite_backend",
     "backend",
+    "check_numerics",
+    "find_fp32_nodes",
     "report",
     "transform",
 ]

@@ -42,8 +42,9 @@ def transform(
             model is captured by dynamo, which handles real-world models; without them it is
             traced with ``torch.fx.symbolic_trace`` and ``gm.train()``/``gm.eval()`` keep
             switching BatchNorm and Dropout.
-        keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``) or op
-            family names (``"softmax"``) to compute in fp32.
+        keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``), op
+            family names (``"softmax"``) or graph nodes (``"node:matmul_1"``, names as in the
+            report; what :func:`amprewrite.find_fp32_nodes` returns) to compute in fp32.
         allow_low: the same kinds of selector; FP32 ops they name run in their inputs' precision.
         params: ``"fp32"`` shares the model's Parameters (training ``gm`` trains ``model``);
             ``"low"`` stores ``dtype`` copies of weights that only low-precision ops read.
@@ -81,8 +82,8 @@ def _items(value: object, name: str) -> Iterable[Selector]:
     return value
 
 
-def transform_with(model: nn.Module, policy: Policy, example_inputs: object = None
-                   ) -> fx.GraphModule:
+def transform_with(model: nn.Module, policy: Policy, example_inputs: object = None,
+                   on_pass=None) -> fx.GraphModule:
     """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend)."""
     _check_model(model)
     _check_selectors(model, policy)
@@ -93,8 +94,11 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
     rep.timings["capture"] = time.perf_counter() - start
     gm = captured.gm
+    _check_node_selectors(gm, policy)
     gm.meta[REPORT_KEY] = rep
-    gm = run_pipeline(gm, pipeline(policy), rep.timings)
+    if on_pass is not None:
+        on_pass("capture", gm)
+    gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
     rep.decisions = _decisions(gm, policy)
     rep.notes += _notes(gm, captured.method)
     rep.timings["total"] = time.perf_counter() - start
@@ -138,8 +142,8 @@ def _check_selectors(model: nn.Module, policy: Policy) -> None:
     paths = [name for name, _ in model.named_modules() if name]
     for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
         for sel in selectors:
-            if isinstance(sel, type) or sel in FAMILIES or sel in paths:
-                continue
+            if isinstance(sel, type) or sel in FAMILIES or sel in paths or sel.startswith("node:"):
+                continue  # node names are checked against the captured graph
             close = difflib.get_close_matches(sel, paths + list(FAMILIES), n=3, cutoff=0.6)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             raise PolicyError(
@@ -147,6 +151,21 @@ def _check_selectors(model: nn.Module, policy: Policy) -> None:
                 f"nor an op family.{hint} Use a path from model.named_modules(), an nn.Module "
                 "type, or a family name from amprewrite.FAMILIES."
             )
+
+
+def _check_node_selectors(gm: fx.GraphModule, policy: Policy) -> None:
+    names = [n.name for n in gm.graph.nodes]
+    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
+        for sel in selectors:
+            if isinstance(sel, str) and sel.startswith("node:") and sel[5:] not in names:
+                close = difflib.get_close_matches(sel[5:], names, n=3, cutoff=0.6)
+                hint = (f" Did you mean {', '.join(repr('node:' + c) for c in close)}?"
+                        if close else "")
+                raise PolicyError(
+                    f"{option} names graph node '{sel[5:]}', which the captured graph does not "
+                    f"have.{hint} Node names come from amprewrite.report(gm) of the same model "
+                    "and example inputs."
+                )
 
 
 def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:

@@ -128,6 +128,13 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             warnings.simplefilter("ignore")
             exported = torch._dynamo.export(model)(*args, **kwargs)
     except Exception as exc:
+        eager = _eager_failure(model, args, kwargs)
+        if eager is not None:
+            raise CaptureError(
+                f"{type(model).__name__} fails on the given example_inputs even without "
+                f"amprewrite: {eager}. Fix the model or the inputs; model(*example_inputs) must "
+                "run in fp32."
+            ) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(
             f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
@@ -147,6 +154,17 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
     return gm
+
+
+def _eager_failure(model: nn.Module, args: tuple, kwargs: dict) -> str | None:
+    """Why the model fails eagerly on these inputs (run on a copy: no state changes), or None."""
+    try:
+        with torch.no_grad():
+            copy.deepcopy(model)(*args, **kwargs)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
+    return None
 
 
 def annotate_dynamo_graph(graph: fx.Graph) -> None:

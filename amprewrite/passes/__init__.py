@@ -52,8 +52,13 @@ def pipeline(policy: Policy) -> list[tuple[str, Pass]]:
 
 
 def run_pipeline(gm: fx.GraphModule, passes: list[tuple[str, Pass]],
-                 timings: dict[str, float] | None = None) -> fx.GraphModule:
-    """Run ``passes`` on ``gm`` in order, linting and recompiling after each."""
+                 timings: dict[str, float] | None = None,
+                 on_pass: Callable[[str, fx.GraphModule], None] | None = None
+                 ) -> fx.GraphModule:
+    """Run ``passes`` on ``gm`` in order, linting and recompiling after each.
+
+    ``on_pass(name, gm)`` is called after each pass (the CLI's ``--per-pass`` dumps).
+    """
     done: list[str] = []
     for name, fn in passes:
         start = time.perf_counter()
@@ -76,4 +81,6 @@ def run_pipeline(gm: fx.GraphModule, passes: list[tuple[str, Pass]],
         done.append(name)
         if timings is not None:
             timings[name] = time.perf_counter() - start
+        if on_pass is not None:
+            on_pass(name, gm)
     return gm

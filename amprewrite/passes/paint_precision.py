@@ -55,6 +55,8 @@ def matches(node: fx.Node, selector: Selector) -> bool:
     """Does a keep_fp32 / allow_low entry select ``node``?"""
     if isinstance(selector, type):
         return any(issubclass(t, selector) for t in node.meta.get(M.MODULE_TYPES, ()))
+    if selector.startswith("node:"):
+        return node.name == selector[5:]
     if selector in FAMILIES:
         return node.meta.get(M.FAMILY) == selector
     path = node.meta.get(M.MODULE_PATH, "")

@@ -1,0 +1,194 @@
+"""Numerics tools: per-node error against fp32, the first non-finite node, and a guided search
+for the fp32 nodes that make a model meet a tolerance.
+
+>>> import torch, amprewrite
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
+>>> result = amprewrite.check_numerics(model, (torch.randn(2, 8),), dtype=torch.bfloat16)
+>>> result.finite and result.output_error < 1e-2
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from . import meta as M
+from .api import transform
+from .capture import capture
+from .ops import Precision
+
+__all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"]
+
+
+@dataclass(frozen=True)
+class NodeError:
+    """How far one node's output is from the fp32 model's value of the same node."""
+
+    node: str
+    module_path: str
+    family: str | None
+    precision: str
+    rel_err: float | None  # None: no fp32 counterpart (a cast amprewrite inserted)
+    finite: bool
+    source: str | None
+
+
+@dataclass
+class CheckResult:
+    """What :func:`check_numerics` found."""
+
+    output_error: float
+    finite: bool
+    nodes: list[NodeError] = field(default_factory=list)  # worst first
+    first_nonfinite: NodeError | None = None
+
+    def passed(self, rtol: float) -> bool:
+        return self.finite and self.output_error <= rtol
+
+
+class _Recorder(fx.Interpreter):
+    def __init__(self, gm: fx.GraphModule):
+        super().__init__(gm)
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run_node(self, n: fx.Node):
+        out = super().run_node(n)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            self.values[n.name] = out.detach()
+        return out
+
+
+def _record(gm: fx.GraphModule, inputs: tuple) -> dict[str, torch.Tensor]:
+    rec = _Recorder(gm)
+    with torch.no_grad():
+        rec.run(*inputs)
+    return rec.values
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _float_leaves(value: object) -> list[torch.Tensor]:
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    return [t for t in pytree.tree_leaves(value)
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _inputs(example_inputs: object) -> tuple:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
+        example_inputs,)
+
+
+def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat16,
+                   gm: fx.GraphModule | None = None, **options) -> CheckResult:
+    """Run ``model`` in fp32 and transformed on the same inputs; compare outputs and nodes.
+
+    ``options`` are :func:`amprewrite.transform`'s keywords. Nodes are matched by name between
+    the fp32 captured graph and the transformed one (amprewrite keeps the names it captured).
+    """
+    inputs = _inputs(example_inputs)
+    reference = _record(capture(model, inputs).gm, inputs)
+    if gm is None:
+        gm = transform(model, dtype=dtype, example_inputs=inputs, **options)
+    values = _record(gm, inputs)
+    with torch.no_grad():
+        outs, refs = _float_leaves(gm(*inputs)), _float_leaves(model(*inputs))
+    finite = all(bool(torch.isfinite(o).all()) for o in outs)
+    output_error = max((_rel_err(o, r) for o, r in zip(outs, refs)), default=0.0)
+    rows: list[NodeError] = []
+    first_bad = None
+    for node in gm.graph.nodes:
+        if node.name not in values:
+            continue
+        value, ref = values[node.name], reference.get(node.name)
+        cls = node.meta.get(M.CLASS)
+        kind = "cast" if M.CAST in node.meta else (cls.value if cls else node.op)
+        is_finite = bool(torch.isfinite(value).all())
+        comparable = ref is not None and ref.shape == value.shape and M.CAST not in node.meta
+        row = NodeError(node.name, node.meta.get(M.MODULE_PATH, ""), node.meta.get(M.FAMILY),
+                        kind, _rel_err(value, ref) if comparable else None, is_finite,
+                        M.source_line(node))
+        rows.append(row)
+        ref_finite = ref is None or bool(torch.isfinite(ref).all())
+        if first_bad is None and not is_finite and ref_finite:
+            first_bad = row
+    rows.sort(key=lambda r: -(r.rel_err if r.rel_err is not None else -1.0))
+    return CheckResult(output_error, finite, rows, first_bad)
+
+
+def _culprit(gm: fx.GraphModule, result: CheckResult, kept: set[str]) -> str | None:
+    """The node whose move to fp32 most likely helps: the first non-finite one, else the
+    node that adds the most error on top of its inputs'."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def movable(n: fx.Node) -> bool:
+        return (n.meta.get(M.CLASS) not in (None, Precision.FP32, Precision.NONFLOAT)
+                and M.CAST not in n.meta and n.name not in kept)
+
+    if result.first_nonfinite is not None:
+        start = nodes[result.first_nonfinite.node]
+        # A cast that overflows: the consumers that wanted the low value must go fp32.
+        todo = list(start.users) if M.CAST in start.meta else [start]
+        for n in todo:
+            if movable(n):
+                return n.name
+    errors = {r.node: r.rel_err for r in result.nodes if r.rel_err is not None}
+    best, best_gain = None, 0.0
+    for r in result.nodes:
+        n = nodes.get(r.node)
+        if n is None or r.rel_err is None or not movable(n):
+            continue
+        base = max((errors.get(_through_casts(a).name, 0.0) for a in n.all_input_nodes),
+                   default=0.0)
+        gain = r.rel_err - base
+        if gain > best_gain:
+            best, best_gain = n.name, gain
+    return best
+
+
+def _through_casts(n: fx.Node) -> fx.Node:
+    while M.CAST in n.meta:
+        n = n.args[0]
+    return n
+
+
+def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2,
+                    dtype=torch.bfloat16, max_nodes: int = 16, **options) -> list[str]:
+    """A small ``keep_fp32`` list of graph nodes with which ``model`` meets ``rtol``.
+
+    Guided by the per-node errors of :func:`check_numerics`: each round keeps the first
+    non-finite node (or the node that adds the most error) in fp32 and checks again. Returns
+    selectors such as ``["node:linear"]`` to pass as ``keep_fp32=``; raises ``RuntimeError`` when
+    ``max_nodes`` nodes are not enough.
+
+    >>> import torch, amprewrite
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+    >>> amprewrite.find_fp32_nodes(model, (torch.randn(2, 4),), rtol=0.5)
+    []
+    """
+    inputs = _inputs(example_inputs)
+    keep = [s for s in options.pop("keep_fp32", ())]
+    for _ in range(max_nodes + 1):
+        gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)
+        result = check_numerics(model, inputs, dtype, gm=gm)
+        if result.passed(rtol):
+            return keep
+        name = _culprit(gm, result, {k[5:] for k in keep if isinstance(k, str)})
+        if name is None:
+            break
+        keep.append(f"node:{name}")
+    raise RuntimeError(
+        f"find_fp32_nodes: {len(keep)} fp32 nodes did not bring the output error under "
+        f"rtol={rtol} (last: {result.output_error:.3g}, finite={result.finite}). Raise rtol or "
+        "max_nodes, or keep whole modules in fp32 with keep_fp32=[<module path>]."
+    )

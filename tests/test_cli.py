@@ -1,0 +1,105 @@
+"""The command line, run as a user runs it: in a subprocess, against examples/cli_models.py."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import amprewrite
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "examples" / "cli_models.py"
+sys.path.insert(0, str(ROOT / "examples"))
+import cli_models  # noqa: E402
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amprewrite.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_dump_writes_every_artefact(tmp_path):
+    out = tmp_path / "dump"
+    done = run("dump", f"{MODELS}:demo", "--out", str(out), "--per-pass", "--upsample", "always")
+    assert done.returncode == 0, done.stderr
+    for name in ("before.py", "after.py", "before.txt", "after.txt", "diff.patch", "report.txt",
+                 "before.dot", "after.dot", "index.html"):
+        assert (out / name).stat().st_size > 0, name
+    page = (out / "index.html").read_text()
+    assert "<h2>before</h2>" in page and "<h2>after</h2>" in page
+    assert "batch_norm" in page and "upsample_nearest" in page
+    report = (out / "report.txt").read_text()
+    assert "re-rolled 2 iterations" in report and "upsample_nearest" in report
+    assert "+    to = " in (out / "diff.patch").read_text()  # the diff shows inserted casts
+    assert "fillcolor" in (out / "after.dot").read_text()
+    passes = sorted(p.name for p in (out / "passes").iterdir())
+    assert passes[0] == "00_capture.py" and passes[-1].endswith("store_params.py")
+    # Progress goes to stderr as plain lines when not on a terminal.
+    assert "amprewrite: [1/4] loading" in done.stderr
+
+
+def test_dump_with_input_specs_and_formats(tmp_path):
+    done = run("dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out", str(tmp_path),
+               "--format", "text")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "after.py").exists() and not (tmp_path / "index.html").exists()
+
+
+def test_check_passes_on_a_tame_model():
+    done = run("check", f"{MODELS}:mlp", "--inputs", "4x16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check passed" in done.stdout
+
+
+def test_check_names_the_first_non_finite_node_and_exits_1():
+    done = run("check", f"{MODELS}:overflow", "--dtype", "fp16")
+    assert done.returncode == 1
+    assert "first non-finite node: linear (low, family linear, module fc, source" in done.stdout
+    assert "cli_models.py:" in done.stdout
+
+
+def test_check_fix_finds_nodes_that_make_it_pass():
+    done = run("check", f"{MODELS}:overflow", "--dtype", "fp16", "--fix")
+    assert done.returncode == 0, done.stdout
+    assert "keep_fp32=['node:linear']" in done.stdout
+    assert "check passed with keep_fp32" in done.stdout
+
+
+def test_find_fp32_nodes_result_makes_check_pass():
+    model, inputs = cli_models.overflow()
+    assert not amprewrite.check_numerics(model, inputs, torch.float16).passed(1e-2)
+    keep = amprewrite.find_fp32_nodes(model, inputs, rtol=1e-2, dtype=torch.float16)
+    assert keep == ["node:linear"]
+    result = amprewrite.check_numerics(model, inputs, torch.float16, keep_fp32=keep)
+    assert result.passed(1e-2) and result.first_nonfinite is None
+
+
+def test_unknown_node_selector_is_clear():
+    model, inputs = cli_models.overflow()
+    with pytest.raises(amprewrite.PolicyError, match="Did you mean 'node:linear'"):
+        amprewrite.transform(model, example_inputs=inputs, keep_fp32=["node:linaer"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (("check", "missing.py:f"), "no such file: missing.py"),
+    (("check", f"{MODELS}:nope"), "has no factory function 'nope'"),
+    (("check", f"{MODELS}:mlp", "--inputs", "4by16"), "bad input spec '4by16'"),
+    (("check", f"{MODELS}:mlp"), "gives no example inputs"),
+    (("check", f"{MODELS}:broken"), "this model always fails"),
+    (("dump", f"{MODELS}:mlp", "--format", "pdf"), "--format takes"),
+    (("check", "no_colon"), "must be path/to/file.py:factory"),
+])
+def test_bad_usage_is_one_line_and_exit_2(args, message):
+    done = run(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("amprewrite: [")]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_out_writes_artefacts(tmp_path):
+    done = run("demo", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "index.html").exists() and "relative error against fp32" in done.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import datetime
 import json
 import os
@@ -25,9 +26,15 @@ def machine() -> dict[str, object]:
 
 
 def save(name: str, rows: list[dict], extra: dict | None = None) -> Path:
+    """Write ``rows`` as docs/benchmarks/<name>.json (with machine facts) and <name>.csv."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **(extra or {}), "rows": rows}, indent=2))
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
     return path
 
 

@@ -67,12 +67,12 @@ def _first_call(model, inputs, backend) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 512])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = []
     for b in args.batches:
         inputs = _inputs(b, args.device)

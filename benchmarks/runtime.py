@@ -1,12 +1,15 @@
-"""Compiled runtime and error: fp32, autocast(bf16), model.to(bf16), the amprewrite backend.
+"""Runtime and error: fp32, autocast(bf16), model.to(bf16), amprewrite transform and backend.
 
-    python -m benchmarks.runtime [--repeats 10] [--models cnn llama]
+    python -m benchmarks.runtime [--repeats 20] [--models cnn llama unet] [--device cpu]
 
-For a BatchNorm + nearest-upsample CNN and a LLaMA-class decoder (transformers, small config):
-inference (eval, no_grad) and a training step (forward + backward), each torch.compile'd with
-inductor. All variants are compiled first and then timed interleaved, round-robin, so that the
-machine's drift affects them alike; medians over repeats with the interquartile range; relative
-output error against the fp32 eager model. Writes docs/benchmarks/runtime_<device>.json.
+Three models — a BatchNorm + nearest-upsample CNN, a LLaMA-class decoder (transformers) and a
+diffusers UNet2DModel, small configs — for inference (eval, no_grad) and a training step
+(forward + backward), eager and torch.compile'd (inductor). Variants: fp32, autocast(bf16),
+``model.to(bf16)`` (where it runs), ``amprewrite.transform`` (eager; then torch.compile of the
+GraphModule) and ``torch.compile(backend="amprewrite")``. Within one (model, task), every variant
+is built first and all are timed interleaved, round-robin, so the machine's drift affects them
+alike: medians over repeats with the interquartile range. Inference error is measured against an
+fp64 copy of the model. Writes docs/benchmarks/runtime_<device>.{json,csv}.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import time
 
 import torch
 from torch import nn
+
+import amprewrite
 
 from .common import save, table
 
@@ -36,39 +41,47 @@ class CNN(nn.Module):
         return self.body(x)
 
 
-def _cnn(device):
+def _cnn(device, big):
     torch.manual_seed(0)
-    return CNN().to(device), (torch.randn(8, 3, 64, 64, device=device),)
+    n, s = (32, 128) if big else (8, 64)
+    return CNN().to(device), (torch.randn(n, 3, s, s, device=device),)
 
 
-def _llama(device):
+def _llama(device, big):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=688,
-                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                      max_position_embeddings=512, use_cache=False)
+    h, layers, seq = (1024, 8, 512) if big else (256, 4, 128)
+    cfg = LlamaConfig(vocab_size=1024 if not big else 32000, hidden_size=h,
+                      intermediate_size=h * 11 // 4, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=2048, use_cache=False)
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).to(device), (torch.randint(0, 1024, (4, 128), device=device),)
+    return (LlamaForCausalLM(cfg).to(device),
+            (torch.randint(0, cfg.vocab_size, (4, seq), device=device),))
 
 
-MODELS = {"cnn": _cnn, "llama": _llama}
+def _unet(device, big):
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(0)
+    s, ch = (64, (64, 128, 256)) if big else (32, (32, 64))
+    blocks = len(ch)
+    model = UNet2DModel(sample_size=s, in_channels=3, out_channels=3, layers_per_block=1,
+                        block_out_channels=ch, norm_num_groups=8,
+                        down_block_types=("DownBlock2D",) * (blocks - 1) + ("AttnDownBlock2D",),
+                        up_block_types=("AttnUpBlock2D",) + ("UpBlock2D",) * (blocks - 1))
+    return model.to(device), (torch.randn(4, 3, s, s, device=device),
+                              torch.tensor([10, 200, 400, 900], device=device))
+
+
+MODELS = {"cnn": _cnn, "llama": _llama, "unet": _unet}
 
 
 def _out(o):
-    return o.logits if hasattr(o, "logits") else o
-
-
-def _variants(model, device):
-    def low_inputs(inputs):
-        return tuple(i.bfloat16() if i.is_floating_point() else i for i in inputs)
-
-    autocast = lambda: torch.autocast(device, dtype=torch.bfloat16)  # noqa: E731
-    return {
-        "fp32": (model, contextlib.nullcontext, lambda i: i),
-        "autocast_bf16": (model, autocast, lambda i: i),
-        "to_bf16": (copy.deepcopy(model).to(torch.bfloat16), contextlib.nullcontext, low_inputs),
-        "amprewrite": (model, contextlib.nullcontext, lambda i: i),
-    }
+    for attr in ("logits", "sample"):
+        if hasattr(o, attr):
+            return getattr(o, attr)
+    return o
 
 
 def _sync(device):
@@ -76,86 +89,112 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run(name, device, repeats):
-    """Compile every variant, then time them interleaved (round-robin), so machine drift
-    affects all variants alike; medians and interquartile ranges per variant."""
-    model, inputs = MODELS[name](device)
+def _variants(model, inputs, device, dtype, training):
+    """name -> (callable module, context factory, inputs); built lazily by the caller."""
+    def low(inp):
+        return tuple(i.to(dtype) if i.is_floating_point() else i for i in inp)
+
+    def auto():
+        return torch.autocast(device, dtype=dtype)
+
+    none = contextlib.nullcontext
+    low_model = copy.deepcopy(model).to(dtype).train(training)
+    gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
+    if training:
+        gm = amprewrite.transform(model.train(), dtype=dtype, example_inputs=inputs)
+    built = {
+        ("eager", "fp32"): (model, none, inputs),
+        ("eager", "autocast"): (model, auto, inputs),
+        ("eager", "to_low"): (low_model, none, low(inputs)),
+        ("eager", "amprewrite transform"): (gm, none, inputs),
+    }
+    for name, (m, ctx, inp) in list(built.items()):
+        built[("compiled", name[1])] = (torch.compile(m), ctx, inp)
+    built[("compiled", "amprewrite backend")] = (
+        torch.compile(model, backend=amprewrite.backend(dtype=dtype)), none, inputs)
+    return built
+
+
+def run(name, device, repeats, dtype, big=False):
+    model, inputs = MODELS[name](device, big)
     rows = []
+    with torch.no_grad():
+        ref64 = _out(copy.deepcopy(model).eval().double()(
+            *(i.double() if i.is_floating_point() else i for i in inputs))).double()
     for training in (False, True):
         model.train(training)
-        ref = None
-        if not training:
-            with torch.no_grad():
-                ref = _out(model(*inputs)).float()
+        torch._dynamo.reset()
         grad_ctx = contextlib.nullcontext if training else torch.no_grad
         steps, results = {}, {}
-        for variant, (m, ctx, prep) in _variants(model, device).items():
-            m.train(training)
-            torch._dynamo.reset()
-            compiled = torch.compile(m, backend="amprewrite" if variant == "amprewrite"
-                                     else "inductor")
-
-            args = prep(inputs)
-
-            def step(compiled=compiled, ctx=ctx, args=args, training=training):
+        for (mode, variant), (m, ctx, inp) in _variants(model, inputs, device, dtype,
+                                                        training).items():
+            def step(m=m, ctx=ctx, inp=inp, training=training):
                 with ctx():
-                    out = _out(compiled(*args))
+                    out = _out(m(*inp))
                 if training:
                     out.float().square().mean().backward()
                 return out
 
-            row = {"model": name, "device": device,
-                   "task": "train step" if training else "infer", "variant": variant}
+            row = {"model": name, "device": device, "dtype": str(dtype).replace("torch.", ""),
+                   "task": "train step" if training else "infer", "mode": mode,
+                   "variant": variant}
             try:
                 with grad_ctx():
                     start = time.perf_counter()
                     out = step()
                     _sync(device)
                     row["first_call_s"] = time.perf_counter() - start
-                    for _ in range(2):
-                        step()
-                if ref is not None:
-                    row["rel_err_vs_fp32"] = float((out.float() - ref).norm() / ref.norm())
-                steps[variant] = step
-            except Exception as exc:  # model.to(bf16) fails on some models: record it
-                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-            results[variant] = row
-        samples = {v: [] for v in steps}
+                    step()
+                if not training:
+                    row["rel_err_vs_fp64"] = float((out.double() - ref64).norm() / ref64.norm())
+                steps[(mode, variant)] = step
+            except Exception as exc:  # model.to(bf16) fails on some models: record why
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
+            results[(mode, variant)] = row
+        samples = {k: [] for k in steps}
         with grad_ctx():
             for _ in range(repeats):
-                for variant, step in steps.items():
+                for key, step in steps.items():
                     _sync(device)
                     start = time.perf_counter()
                     step()
                     _sync(device)
-                    samples[variant].append(time.perf_counter() - start)
-        for variant, row in results.items():
-            if variant in samples:
-                q = statistics.quantiles(samples[variant], n=4)
-                row["median_ms"] = statistics.median(samples[variant]) * 1e3
+                    samples[key].append(time.perf_counter() - start)
+        for key, row in results.items():
+            if key in samples:
+                q = statistics.quantiles(samples[key], n=4)
+                row["median_ms"] = statistics.median(samples[key]) * 1e3
                 row["iqr_ms"] = (q[2] - q[0]) * 1e3
             rows.append(row)
-            print(table([row], list(row)), flush=True)
-    base = {r["task"]: r.get("median_ms") for r in rows if r["variant"] == "fp32"}
-    for r in rows:
-        if r.get("median_ms") and base.get(r["task"]):
-            r["vs_fp32"] = r["median_ms"] / base[r["task"]]
+        base = {r["mode"]: r.get("median_ms") for r in rows
+                if r["variant"] == "fp32" and r["task"] == rows[-1]["task"]}
+        for r in rows[-len(results):]:
+            if r.get("median_ms") and base.get(r["mode"]):
+                r["vs_fp32"] = r["median_ms"] / base[r["mode"]]
+            print(table([r], [k for k in COLUMNS if k in r]), flush=True)
     return rows
 
 
-def main() -> None:
+COLUMNS = ["model", "dtype", "task", "mode", "variant", "median_ms", "iqr_ms", "vs_fp32",
+           "rel_err_vs_fp64", "first_call_s", "error"]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    rows = [r for name in args.models for r in run(name, args.device, args.repeats)]
-    cols = ["model", "task", "variant", "median_ms", "iqr_ms", "vs_fp32", "rel_err_vs_fp32",
-            "first_call_s", "error"]
-    print(table(rows, cols))
+    parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
+    parser.add_argument("--big", action="store_true", help="GPU-sized models and inputs")
+    args = parser.parse_args(argv)
+    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
+    rows = [r for name in args.models for dt in dtypes
+            for r in run(name, args.device, args.repeats, dt, args.big)]
+    print(table(rows, COLUMNS))
     path = save(f"runtime_{args.device}", rows, {
-        "command": f"python -m benchmarks.runtime --repeats {args.repeats} --device {args.device}"
-                   f" --models {' '.join(args.models)}"})
+        "command": f"python -m benchmarks.runtime --repeats {args.repeats} --device "
+                   f"{args.device} --models {' '.join(args.models)} --dtypes "
+                   f"{' '.join(args.dtypes)}" + (" --big" if args.big else "")})
     print(f"saved {path}")
 
 

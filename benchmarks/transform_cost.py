@@ -1,9 +1,12 @@
-"""Transform cost against graph size: capture time and pass time per node.
+"""Transform cost against graph size: capture time, pass time and peak memory per node.
 
-    python -m benchmarks.transform_cost [--blocks 12 120] [--dynamo]
+    python -m benchmarks.transform_cost [--blocks 3 10 40 150 560] [--dynamo-blocks 3 40]
 
 A synthetic transformer-style stack (linear, layer norm, softmax attention, GELU MLP, residual
-adds) sized by its number of blocks; prints a table and writes docs/benchmarks/transform_cost.json.
+adds, BatchNorm) sized by its number of blocks (3 blocks ~ 100 nodes, 560 ~ 20,000). Fits the
+growth as a power law (time ~ nodes^k: k = 1 is linear). Peak memory is Python's (tracemalloc),
+measured in a second run so it does not slow the timed one. Writes
+docs/benchmarks/transform_cost.{json,csv}.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import argparse
 import gc
 import math
 import time
+import tracemalloc
 
 import torch
 import torch.nn.functional as F
@@ -59,12 +63,20 @@ def measure(blocks: int, dynamo: bool) -> dict:
     capture = rep.timings["capture"]
     passes = sum(v for k, v in rep.timings.items() if k not in ("capture", "total"))
     captured_nodes = len(gm.graph.nodes) - len(rep.casts)
+    nodes_after = len(gm.graph.nodes)
     assert torch.isfinite(gm(x)).all()
+    del gm
+    gc.collect()
+    tracemalloc.start()
+    amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,) if dynamo else None)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
     return {
+        "peak_mb": peak / 2**20,
         "capture": "dynamo" if dynamo else "symbolic_trace",
         "blocks": blocks,
         "nodes": captured_nodes,
-        "nodes_after": len(gm.graph.nodes),
+        "nodes_after": nodes_after,
         "capture_s": capture,
         "passes_s": passes,
         "total_s": total,
@@ -74,23 +86,46 @@ def measure(blocks: int, dynamo: bool) -> dict:
     }
 
 
-def main() -> None:
+def growth(rows: list[dict], key: str) -> float:
+    """Least-squares slope of log(time) against log(nodes): 1.0 is linear growth."""
+    pts = [(math.log(r["nodes"]), math.log(r[key])) for r in rows if r[key] > 0]
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, nargs="+", default=[12, 120])
-    parser.add_argument("--dynamo", action="store_true", help="also measure dynamo capture")
-    args = parser.parse_args()
+    parser.add_argument("--blocks", type=int, nargs="+", default=[3, 10, 40, 150, 560])
+    parser.add_argument("--dynamo-blocks", type=int, nargs="*", default=[3, 40],
+                        help="sizes also captured with dynamo (slow: ~6 ms per node)")
+    args = parser.parse_args(argv)
     amprewrite.transform(Stack(1), dtype=torch.bfloat16)  # warm-up: imports, first trace
+    amprewrite.transform(Stack(1), dtype=torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),))
     rows = []
-    for dynamo in ([False, True] if args.dynamo else [False]):
-        for blocks in args.blocks:
+    for dynamo, sizes in ((False, args.blocks), (True, args.dynamo_blocks)):
+        for blocks in sizes:
             rows.append(measure(blocks, dynamo))
-            print(table(rows[-1:], ["capture", "blocks", "nodes", "capture_s", "passes_s"]),
-                  flush=True)
+            print(table(rows[-1:], ["capture", "blocks", "nodes", "capture_s", "passes_s",
+                                    "peak_mb"]), flush=True)
+    fits = {}
+    for method in ("symbolic_trace", "dynamo"):
+        series = [r for r in rows if r["capture"] == method]
+        if len(series) >= 2:
+            fits[method] = {"capture_exponent": growth(series, "capture_s"),
+                            "passes_exponent": growth(series, "passes_s"),
+                            "peak_mb_exponent": growth(series, "peak_mb")}
     cols = ["capture", "blocks", "nodes", "nodes_after", "capture_s", "passes_s",
-            "capture_us_per_node", "passes_us_per_node"]
+            "capture_us_per_node", "passes_us_per_node", "peak_mb"]
     print(table(rows, cols))
-    path = save("transform_cost", rows, {"command": "python -m benchmarks.transform_cost "
-                                         + " ".join(f"--blocks {b}" for b in args.blocks)})
+    for method, fit in fits.items():
+        print(f"{method}: time ~ nodes^k with k = {fit['capture_exponent']:.2f} (capture), "
+              f"{fit['passes_exponent']:.2f} (passes); peak memory k = "
+              f"{fit['peak_mb_exponent']:.2f}")
+    path = save("transform_cost", rows, {
+        "fits": fits, "command": "python -m benchmarks.transform_cost --blocks "
+        + " ".join(map(str, args.blocks)) + " --dynamo-blocks "
+        + " ".join(map(str, args.dynamo_blocks))})
     print(f"saved {path}")
 
 

@@ -51,12 +51,12 @@ def _time(fn, x, backward: bool, repeats: int, device: str) -> tuple[float, floa
     return statistics.median(samples), q[0], q[2]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--shape", type=int, nargs=4, default=[8, 64, 64, 64])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for compiled in (False, True):

@@ -1,0 +1,59 @@
+"""One command that measures everything and writes docs/benchmarks/:
+
+    python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops, plots
+    python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
+    python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
+
+Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots} --help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from . import loops, plots, runtime, transform_cost, upsample
+
+
+def _all(quick: bool, device: str | None, gpu: bool) -> None:
+    dev = ["--device", device] if device else []
+    steps = [
+        ("transform cost", transform_cost.main,
+         ["--blocks", "3", "10", "40", "--dynamo-blocks", "3"] if quick else []),
+        ("runtime and numerics", runtime.main,
+         (["--repeats", "3", "--models", "cnn"] if quick else ["--repeats", "20"])
+         + dev + (["--dtypes", "bf16", "fp16", "--big"] if gpu else [])),
+        ("upsample", upsample.main, (["--repeats", "3"] if quick else []) + dev),
+        ("loops", loops.main, (["--repeats", "5", "--batches", "64"] if quick else []) + dev),
+        ("plots", plots.main, []),
+    ]
+    if gpu:
+        steps = [s for s in steps if s[0] != "transform cost"]  # a CPU-side cost
+    for name, fn, argv in steps:
+        start = time.perf_counter()
+        print(f"== {name}: {' '.join(argv)}", flush=True)
+        fn(argv)
+        print(f"== {name}: {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("what", choices=["all", "gpu"])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args(argv)
+    if args.what == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("python -m benchmarks gpu needs a CUDA device", file=sys.stderr)
+            return 2
+        _all(args.quick, "cuda", gpu=True)
+    else:
+        _all(args.quick, args.device, gpu=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

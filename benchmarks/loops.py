@@ -43,20 +43,26 @@ def _inputs(b: int, device: str):
     return t, torch.randint(0, 128, (b, 32), generator=g).to(device)
 
 
-def _median(fn, repeats: int, device: str) -> tuple[float, float]:
-    for _ in range(3):
-        fn()
-    samples = []
+def _interleaved(fns: dict, repeats: int, device: str) -> dict[str, tuple[float, float]]:
+    """Median and IQR (ms) of each callable, timed round-robin so drift hits all alike."""
+    for fn in fns.values():
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t)
-    q = statistics.quantiles(samples, n=4)
-    return statistics.median(samples) * 1e3, (q[2] - q[0]) * 1e3
+        for name, fn in fns.items():
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            samples[name].append(time.perf_counter() - t)
+    out = {}
+    for name, s in samples.items():
+        q = statistics.quantiles(s, n=4)
+        out[name] = (statistics.median(s) * 1e3, (q[2] - q[0]) * 1e3)
+    return out
 
 
 def _first_call(model, inputs, backend) -> float:
@@ -80,9 +86,10 @@ def main(argv: list[str] | None = None) -> None:
         ref = Loop()(*inputs)
         assert torch.equal(gm(*inputs), ref) and torch.equal(Vectorized()(*inputs), ref)
         row = {"device": args.device, "B": b}
-        for name, fn in (("loop", Loop()), ("amprewrite", gm), ("hand_vectorized", Vectorized())):
-            row[f"{name}_ms"], row[f"{name}_iqr_ms"] = _median(
-                lambda fn=fn, inputs=inputs: fn(*inputs), args.repeats, args.device)
+        fns = {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in (
+            ("loop", Loop()), ("amprewrite", gm), ("hand_vectorized", Vectorized()))}
+        for name, (median, iqr) in _interleaved(fns, args.repeats, args.device).items():
+            row[f"{name}_ms"], row[f"{name}_iqr_ms"] = median, iqr
         row["amprewrite/hand"] = row["amprewrite_ms"] / row["hand_vectorized_ms"]
         row["loop/amprewrite"] = row["loop_ms"] / row["amprewrite_ms"]
         rows.append(row)

@@ -69,7 +69,7 @@ def runtime(plt, device: str) -> list[str]:
                capsize=2)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
-    ax.set_xticklabels([f"{m}\\n{t}\\n{mode}" for m, t, mode in groups], fontsize=7)
+    ax.set_xticklabels([f"{m}\n{t}\n{mode}" for m, t, mode in groups], fontsize=7)
     ax.set_ylabel("time / fp32 (same mode)")
     ax.set_title(f"runtime on {device} (medians; bars: half the IQR)")
     ax.legend(fontsize=7, ncol=3)
@@ -81,7 +81,7 @@ def runtime(plt, device: str) -> list[str]:
     err_rows = [r for r in rows if "rel_err_vs_fp64" in r and r["variant"] != "fp32"]
     if err_rows:
         fig, ax = plt.subplots(figsize=(8, 4))
-        labels = [f"{r['model']} {r['mode']}\\n{r['variant']}" for r in err_rows]
+        labels = [f"{r['model']} {r['mode']}\n{r['variant']}" for r in err_rows]
         ax.barh(range(len(err_rows)), [r["rel_err_vs_fp64"] for r in err_rows])
         ax.set_yticks(range(len(err_rows)))
         ax.set_yticklabels(labels, fontsize=6)

@@ -1,0 +1,60 @@
+"""Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
+
+    python -m benchmarks.report transform_cost|runtime_cpu
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from .common import RESULTS, table
+
+
+def transform_cost() -> str:
+    data = json.loads((RESULTS / "transform_cost.json").read_text())
+    cols = ["capture", "blocks", "nodes", "nodes_after", "capture_s", "passes_s",
+            "capture_us_per_node", "passes_us_per_node", "peak_mb"]
+    fits = "\n".join(
+        f"- {m}: time ~ nodes^k with k = {f['capture_exponent']:.2f} (capture), "
+        f"{f['passes_exponent']:.2f} (passes); peak memory k = {f['peak_mb_exponent']:.2f}"
+        for m, f in data.get("fits", {}).items())
+    return table(data["rows"], cols) + "\n\n" + fits
+
+
+def runtime(device: str = "cpu") -> str:
+    data = json.loads((RESULTS / f"runtime_{device}.json").read_text())
+    rows = []
+    for r in data["rows"]:
+        rows.append({**r, "median (IQR) ms": f"{r['median_ms']:.1f} ({r['iqr_ms']:.1f})"
+                     if "median_ms" in r else "-"})
+    cols = ["model", "dtype", "task", "mode", "variant", "median (IQR) ms", "vs_fp32",
+            "rel_err_vs_fp64", "error"]
+    return table(rows, cols)
+
+
+def upsample(device: str = "cpu") -> str:
+    data = json.loads((RESULTS / f"upsample_{device}.json").read_text())
+    rows = [{**r, "native ms (IQR)": f"{r['native_ms']:.2f} ({r['native_iqr_ms']:.2f})",
+             "rewrite ms (IQR)": f"{r['rewrite_ms']:.2f} ({r['rewrite_iqr_ms']:.2f})"}
+            for r in data["rows"]]
+    return table(rows, ["dtype", "mode", "pass", "native ms (IQR)", "rewrite ms (IQR)",
+                        "rewrite/native"])
+
+
+def loops(device: str = "cpu") -> str:
+    data = json.loads((RESULTS / f"loops_{device}.json").read_text())
+    rows = [{**r, **{f"{k} ms (IQR)": f"{r[k + '_ms']:.3f} ({r[k + '_iqr_ms']:.3f})"
+                     for k in ("loop", "amprewrite", "hand_vectorized")}} for r in data["rows"]]
+    first = table(rows, ["B", "loop ms (IQR)", "amprewrite ms (IQR)",
+                         "hand_vectorized ms (IQR)", "amprewrite/hand", "loop/amprewrite"])
+    second = table(data["compile"], ["B", "compile", "first_call_s"])
+    return f"{first}\n\n{second}\n\nplain inductor / amprewrite backend: " \
+           f"{data['compile_ratio']:.1f}x"
+
+
+TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
+          "loops": loops}
+
+if __name__ == "__main__":
+    print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

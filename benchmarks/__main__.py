@@ -25,7 +25,8 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
          (["--repeats", "3", "--models", "cnn"] if quick else ["--repeats", "20"])
          + dev + (["--dtypes", "bf16", "fp16", "--big"] if gpu else [])),
         ("upsample", upsample.main, (["--repeats", "3"] if quick else []) + dev),
-        ("loops", loops.main, (["--repeats", "5", "--batches", "64"] if quick else []) + dev),
+        ("loops", loops.main,
+         (["--repeats", "5", "--batches", "64"] if quick else ["--repeats", "300"]) + dev),
         ("plots", plots.main, []),
     ]
     if gpu:

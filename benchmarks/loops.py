@@ -3,7 +3,8 @@
     python -m benchmarks.loops [--repeats 50] [--batches 64 512]
 
 EffectivePyTorch's batch_gather (``torch.stack([t[i][idx[i]] for i in range(B)])``) on
-t (B, 128, 64), idx (B, 32). Eager medians over repeats with the interquartile range; then the
+t (B, 128, 64), idx (B, 32). Eager medians over repeats with the interquartile range, the three
+variants timed interleaved (round-robin) so drift affects them alike; then the
 first-call (compile) time at the largest B through ``torch.compile(backend="amprewrite")`` and
 through plain inductor, with inductor's FX-graph cache off so both really compile, after one
 unrelated warm-up compile so neither pays the process's one-time start-up.

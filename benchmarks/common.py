@@ -38,6 +38,38 @@ def save(name: str, rows: list[dict], extra: dict | None = None) -> Path:
     return path
 
 
+def interleaved(fns: dict, repeats: int, device: str = "cpu", warmup: int = 2
+                ) -> dict[object, tuple[float, float]]:
+    """Median and interquartile range (ms) of each callable, timed round-robin.
+
+    Every callable runs once per round, so the machine's drift (large on shared machines)
+    affects all of them alike; only ratios from one such run are compared.
+    """
+    import statistics
+    import time
+
+    def sync():
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[object, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            samples[key].append(time.perf_counter() - start)
+    out = {}
+    for key, s in samples.items():
+        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0], s[0], s[0]]
+        out[key] = (statistics.median(s) * 1e3, (q[2] - q[0]) * 1e3)
+    return out
+
+
 def table(rows: list[dict], columns: list[str]) -> str:
     """A Markdown table of ``rows`` restricted to ``columns``."""
     def fmt(v: object) -> str:

@@ -14,7 +14,6 @@ Writes docs/benchmarks/loops_<device>.json.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
@@ -22,7 +21,7 @@ from torch import nn
 
 import amprewrite
 
-from .common import save, table
+from .common import interleaved, save, table
 
 
 class Loop(nn.Module):
@@ -42,28 +41,6 @@ def _inputs(b: int, device: str):
     g = torch.Generator().manual_seed(0)
     t = torch.randn(b, 128, 64, generator=g).to(device)
     return t, torch.randint(0, 128, (b, 32), generator=g).to(device)
-
-
-def _interleaved(fns: dict, repeats: int, device: str) -> dict[str, tuple[float, float]]:
-    """Median and IQR (ms) of each callable, timed round-robin so drift hits all alike."""
-    for fn in fns.values():
-        for _ in range(3):
-            fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            fn()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            samples[name].append(time.perf_counter() - t)
-    out = {}
-    for name, s in samples.items():
-        q = statistics.quantiles(s, n=4)
-        out[name] = (statistics.median(s) * 1e3, (q[2] - q[0]) * 1e3)
-    return out
 
 
 def _first_call(model, inputs, backend) -> float:
@@ -89,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         row = {"device": args.device, "B": b}
         fns = {name: (lambda fn=fn, inputs=inputs: fn(*inputs)) for name, fn in (
             ("loop", Loop()), ("amprewrite", gm), ("hand_vectorized", Vectorized()))}
-        for name, (median, iqr) in _interleaved(fns, args.repeats, args.device).items():
+        for name, (median, iqr) in interleaved(fns, args.repeats, args.device, 3).items():
             row[f"{name}_ms"], row[f"{name}_iqr_ms"] = median, iqr
         row["amprewrite/hand"] = row["amprewrite_ms"] / row["hand_vectorized_ms"]
         row["loop/amprewrite"] = row["loop_ms"] / row["amprewrite_ms"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import statistics
 import time
 
 import torch
@@ -25,7 +24,7 @@ from torch import nn
 
 import amprewrite
 
-from .common import save, table
+from .common import interleaved, save, table
 
 
 class CNN(nn.Module):
@@ -151,20 +150,11 @@ def run(name, device, repeats, dtype, big=False):
             except Exception as exc:  # model.to(bf16) fails on some models: record why
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
             results[(mode, variant)] = row
-        samples = {k: [] for k in steps}
         with grad_ctx():
-            for _ in range(repeats):
-                for key, step in steps.items():
-                    _sync(device)
-                    start = time.perf_counter()
-                    step()
-                    _sync(device)
-                    samples[key].append(time.perf_counter() - start)
+            timings = interleaved(steps, repeats, device, warmup=0)
         for key, row in results.items():
-            if key in samples:
-                q = statistics.quantiles(samples[key], n=4)
-                row["median_ms"] = statistics.median(samples[key]) * 1e3
-                row["iqr_ms"] = (q[2] - q[0]) * 1e3
+            if key in timings:
+                row["median_ms"], row["iqr_ms"] = timings[key]
             rows.append(row)
         base = {r["mode"]: r.get("median_ms") for r in rows
                 if r["variant"] == "fp32" and r["task"] == rows[-1]["task"]}

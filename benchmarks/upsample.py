@@ -3,22 +3,21 @@
     python -m benchmarks.upsample [--repeats 20] [--device cpu|cuda]
 
 Eager and torch.compile'd, forward and forward+backward, fp32 and bf16, on a UNet-decoder-like
-feature map (8 x 64 x 64 x 64, factor 2). Medians over repeats, with the interquartile range;
-ratios are rewrite / native measured in the same run. Writes docs/benchmarks/upsample_<device>.json.
+feature map (8 x 64 x 64 x 64, factor 2). Native and rewrite are timed interleaved; medians over
+repeats with the interquartile range; ratios are rewrite / native.
+Writes docs/benchmarks/upsample_<device>.{json,csv}.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 from amprewrite.passes.replace_upsample import upsample_nearest
 
-from .common import save, table
+from .common import interleaved, save, table
 
 
 def _native(x):
@@ -27,28 +26,6 @@ def _native(x):
 
 def _rewrite(x):
     return upsample_nearest(x, None, 2, False, None)
-
-
-def _time(fn, x, backward: bool, repeats: int, device: str) -> tuple[float, float, float]:
-    def step():
-        y = fn(x)
-        if backward:
-            y.backward(torch.ones_like(y))
-        return y
-
-    for _ in range(3):
-        step()
-    samples = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - t)
-    q = statistics.quantiles(samples, n=4)
-    return statistics.median(samples), q[0], q[2]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,15 +45,20 @@ def main(argv: list[str] | None = None) -> None:
                     torch._dynamo.reset()
                     fns = {k: torch.compile(f, dynamic=False) for k, f in fns.items()}
                 assert torch.equal(fns["native"](x), fns["rewrite"](x))
-                med = {k: _time(f, x, backward, args.repeats, args.device) for k, f in fns.items()}
+
+                def step(fn, x=x, backward=backward):
+                    y = fn(x)
+                    if backward:
+                        y.backward(torch.ones_like(y))
+
+                med = interleaved({k: (lambda f=f: step(f)) for k, f in fns.items()},
+                                  args.repeats, args.device, warmup=3)
                 rows.append({
                     "device": args.device, "dtype": str(dtype).replace("torch.", ""),
                     "mode": "compiled" if compiled else "eager",
                     "pass": "fwd+bwd" if backward else "fwd",
-                    "native_ms": med["native"][0] * 1e3,
-                    "native_iqr_ms": (med["native"][2] - med["native"][1]) * 1e3,
-                    "rewrite_ms": med["rewrite"][0] * 1e3,
-                    "rewrite_iqr_ms": (med["rewrite"][2] - med["rewrite"][1]) * 1e3,
+                    "native_ms": med["native"][0], "native_iqr_ms": med["native"][1],
+                    "rewrite_ms": med["rewrite"][0], "rewrite_iqr_ms": med["rewrite"][1],
                     "rewrite/native": med["rewrite"][0] / med["native"][0],
                 })
                 print(table(rows[-1:], list(rows[-1])), flush=True)

@@ -28,14 +28,13 @@ from .errors import AmpRewriteError
 from .numerics import check_numerics, find_fp32_nodes
 from .ops import families_markdown
 from .policy import Policy, parse_dtype
-from .render import graph_html, node_table, to_dot, to_svg
+from .render import REWRITE_PASSES, graph_html, node_table, to_dot, to_svg
 from .report import report
 from .target import UsageError, load_target, parse_input
 
 __all__ = ["main"]
 
 FORMATS = ("text", "dot", "svg", "html")
-_REWRITE_PASSES = {"vectorize_loops", "replace_upsample", "store_params", "normalize_modules"}
 
 
 class _Progress:
@@ -101,7 +100,7 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         model, policy, inputs, on_pass=(lambda n, g: steps.append((n, g.code))) if per_pass
         else None))
     rep = report(after)
-    rewritten = {r.node for r in rep.rewrites if r.pass_name in _REWRITE_PASSES}
+    rewritten = {r.node for r in rep.rewrites if r.pass_name in REWRITE_PASSES}
     progress("writing files")
     if "text" in formats:
         write("before.py", before.code)

@@ -11,7 +11,8 @@ from torch import fx
 
 from . import meta as M
 
-__all__ = ["COLORS", "graph_html", "node_rows", "node_table", "to_dot", "to_svg"]
+__all__ = ["COLORS", "REWRITE_PASSES", "graph_html", "node_rows", "node_table", "to_dot",
+           "to_svg"]
 
 COLORS = {
     "low": "#9ecae1",  # blue: runs in bf16/fp16
@@ -23,7 +24,8 @@ COLORS = {
     "nonfloat": "#ffffff",
     "": "#ffffff",
 }
-_REWRITE_PASSES = {"vectorize_loops", "replace_upsample", "store_params"}
+# Passes whose nodes are drawn as "rewritten" (normalisation is not a rewrite of meaning).
+REWRITE_PASSES = frozenset({"vectorize_loops", "replace_upsample", "store_params"})
 
 
 def _target(n: fx.Node) -> str:

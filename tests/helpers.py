@@ -96,3 +96,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def transform(*args, **kwargs):
     return amprewrite.transform(*args, **kwargs)
+
+
+def transform_via(capture: str, model: nn.Module, *inputs, **kwargs) -> fx.GraphModule:
+    """Transform with symbolic tracing (``capture="symbolic"``) or dynamo (``"dynamo"``)."""
+    example = inputs if capture == "dynamo" else None
+    return amprewrite.transform(model, example_inputs=example, **kwargs)

@@ -10,7 +10,14 @@ from torch import nn
 from amprewrite import meta as M
 from amprewrite.ops import Precision
 
-from .helpers import LOW_DTYPES, assert_classes_respected, by_family, rel_err, transform
+from .helpers import (
+    LOW_DTYPES,
+    assert_classes_respected,
+    by_family,
+    rel_err,
+    transform,
+    transform_via,
+)
 
 # --- (a) Conv + BatchNorm on activations whose variance overflows fp16 -------------------------
 
@@ -146,8 +153,7 @@ class Rope(nn.Module):
 def test_rope_positions_stay_distinct(capture):
     model = Rope()
     x = torch.randn(1, 4096, 8)
-    gm = transform(model, dtype=torch.bfloat16,
-                   example_inputs=(x,) if capture == "dynamo" else None)
+    gm = transform_via(capture, model, x, dtype=torch.bfloat16)
     angles, cos, sin, out = gm(x)
     ref = model(x)
     assert angles[:, 0].unique().numel() == 4096

@@ -168,7 +168,7 @@ def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bo
                            requires_grad=True)
             F.interpolate(x, scale_factor=2, mode=mode, **extra).sum().backward()
             return True
-        except RuntimeError:  # "... not implemented for 'BFloat16'" (NotImplementedError too)
+        except RuntimeError:  # a missing kernel: "... not implemented for 'BFloat16'"
             return False
 
 

@@ -14,6 +14,7 @@ from ..helpers import (
     rel_err,
     runtime_dtypes,
     transform,
+    transform_via,
 )
 
 
@@ -172,8 +173,7 @@ class ChunkAttention(nn.Module):
 def test_tuple_elements_follow_their_producer(capture):
     model = ChunkAttention()
     x = torch.randn(2, 5, 8)
-    gm = transform(model, dtype=torch.bfloat16,
-                   example_inputs=(x,) if capture == "dynamo" else None)
+    gm = transform_via(capture, model, x, dtype=torch.bfloat16)
     assert_classes_respected(gm, x, low=torch.bfloat16)
     (chunk,) = [n for n in gm.graph.nodes if n.target == "chunk"]
     assert chunk.meta[M.LABEL] == M.LOW  # no upcast of the qkv projection just to split it

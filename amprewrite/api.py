@@ -129,6 +129,27 @@ def _check_model(model: object) -> None:
             f"amprewrite.transform expects a torch.nn.Module, got {type(model).__name__}. Wrap a "
             "plain function in an nn.Module whose forward calls it."
         )
+    name = type(model).__name__
+    if isinstance(model, torch.jit.ScriptModule):
+        raise ModelError(
+            f"{name} is a TorchScript module; amprewrite rewrites Python nn.Modules. Pass the "
+            "original nn.Module (before torch.jit.script/trace)."
+        )
+    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        raise ModelError(
+            f"{name} is a wrapper; transform the module it wraps (model.module) and wrap the "
+            "returned GraphModule instead (DDP works with it, see docs/guide.md)."
+        )
+    if type(model).forward is nn.Module.forward:
+        raise ModelError(f"{name} has no forward method; there is nothing to transform.")
+    floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    if floats and all(t.dtype in (torch.float16, torch.bfloat16) for t in floats):
+        raise ModelError(
+            f"{name}'s floating-point parameters and buffers are all {floats[0].dtype} "
+            "already: amprewrite starts from an fp32 model and decides per op what runs in "
+            "low precision; the precision of weights and BatchNorm statistics already rounded "
+            "cannot be recovered. Transform the fp32 model (load it in fp32, or model.float())."
+        )
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_meta or isinstance(t, nn.parameter.UninitializedParameter):
             raise ModelError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import logging
 import os
@@ -25,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
 from . import meta as M
-from .errors import CaptureError, ModeSwitchError
+from .errors import CaptureError, ModelError, ModeSwitchError
 
 __all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
 
@@ -83,11 +85,23 @@ def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
     return None
 
 
+def _buffer_clone_copy(module: nn.Module) -> nn.Module:
+    """A structural copy (see :func:`share_copy`) whose buffers are clones: tracing runs forward
+    for real on buffers, and an in-place update there must not reach the caller's model."""
+    new = share_copy(module)
+    for mod in new.modules():
+        for name, b in mod._buffers.items():
+            if b is not None:
+                mod._buffers[name] = b.clone()
+    return new
+
+
 def _symbolic(model: nn.Module) -> fx.GraphModule:
     tracer = fx.Tracer()
     tracer.record_stack_traces = True
+    traced = _buffer_clone_copy(model)
     try:
-        graph = tracer.trace(model)
+        graph = tracer.trace(traced)
     except Exception as exc:
         frame = _user_frame(exc)
         where = ""
@@ -101,6 +115,16 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
             "with torch dynamo, which handles shape-dependent control flow and loops (branches "
             "on tensor values need torch.where or torch.cond in the model)."
         ) from None
+    written = [f"{mod_name}.{name}".lstrip(".") for mod_name, mod in traced.named_modules()
+               for name, b in mod._buffers.items() if b is not None and b._version > 0]
+    if written:
+        raise ModelError(
+            f"{type(model).__name__}.forward updates buffer '{written[0]}' in place. "
+            "torch.fx.symbolic_trace runs that update once while tracing and leaves it out of the "
+            "graph, so the result would silently differ from the model. Pass "
+            "example_inputs=(...) so dynamo captures the update into the graph, or move the "
+            "update out of forward."
+        )
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         entries = list(stack.values())
@@ -123,25 +147,35 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             f"{inspect.signature(model.forward)}: {exc}. Pass a tuple of positional inputs "
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
+    error: Exception | None = None
     try:
-        with warnings.catch_warnings(), _quiet_loggers():
-            warnings.simplefilter("ignore")
-            exported = torch._dynamo.export(model)(*args, **kwargs)
+        exported = _export(model, args, kwargs)
     except Exception as exc:
-        eager = _eager_failure(model, args, kwargs)
-        if eager is not None:
+        error = exc
+    if error is not None:
+        failure, out = _eager_run(model, args, kwargs)
+        if failure is not None:
             raise CaptureError(
                 f"{type(model).__name__} fails on the given example_inputs even without "
-                f"amprewrite: {eager}. Fix the model or the inputs; model(*example_inputs) must "
+                f"amprewrite: {failure}. Fix the model or the inputs; model(*example_inputs) must "
                 "run in fp32."
             ) from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CaptureError(
-            f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
-            f"{type(exc).__name__}: {first}. Check that model(*example_inputs) runs in fp32 "
-            "eagerly; if it does, the model has a graph break that torch dynamo cannot capture "
-            "as one graph (the cause is outside amprewrite)."
-        ) from None
+        exported = None
+        if _register_output_dataclasses(out):
+            try:
+                exported = _export(model, args, kwargs)
+            except Exception as again:
+                error = again
+        if exported is None:
+            text = str(error).strip()
+            first = text.splitlines()[0] if text else type(error).__name__
+            raise CaptureError(
+                f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
+                f"{type(error).__name__}: {first} The model runs eagerly on these inputs, so it "
+                "has a graph break or an output type that torch dynamo cannot capture as one graph "
+                "(the cause is outside amprewrite): rewrite the construct dynamo names, or "
+                "register a custom output type with torch.utils._pytree.register_pytree_node."
+            ) from None
     src = exported.graph_module
     graph = src.graph
     annotate_dynamo_graph(graph)
@@ -153,18 +187,105 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 node.target = names[id(obj)]
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
+    _operand_dtypes(gm, model)
     return gm
 
 
-def _eager_failure(model: nn.Module, args: tuple, kwargs: dict) -> str | None:
-    """Why the model fails eagerly on these inputs (run on a copy: no state changes), or None."""
+def _export(model: nn.Module, args: tuple, kwargs: dict):
+    with warnings.catch_warnings(), _quiet_loggers():
+        warnings.simplefilter("ignore")
+        # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
+        # the copy, never on the caller's modules (dynamo would leave FakeTensors there).
+        return torch._dynamo.export(share_copy(model))(*args, **kwargs)
+
+
+def _eager_run(model: nn.Module, args: tuple, kwargs: dict) -> tuple[str | None, object]:
+    """Run the model eagerly on a copy (no state changes): (why it fails or None, output)."""
     try:
         with torch.no_grad():
-            copy.deepcopy(model)(*args, **kwargs)
+            return None, copy.deepcopy(model)(*args, **kwargs)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {first}"
-    return None
+        return f"{type(exc).__name__}: {first}", None
+
+
+def _register_output_dataclasses(out: object) -> bool:
+    """Register the dataclasses in a model output with torch's pytree (what torch.export asks
+    users to do by hand), so dynamo can return them. True when one was newly registered."""
+    found: list[type] = []
+
+    def walk(value: object, depth: int = 0) -> None:
+        if depth > 20:
+            return
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            if type(value) not in pytree.SUPPORTED_NODES and type(value) not in found:
+                found.append(type(value))
+            children = [getattr(value, f.name) for f in dataclasses.fields(value)]
+        elif isinstance(value, Mapping):
+            children = list(value.values())
+        elif isinstance(value, (tuple, list)):
+            children = list(value)
+        else:
+            return
+        for child in children:
+            walk(child, depth + 1)
+
+    walk(out)
+    for cls in found:
+        pytree.register_dataclass(cls)
+    return bool(found)
+
+
+def _state_writes(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Refuse graphs that update a floating-point parameter or buffer in place: amprewrite casts
+    those where they are read, and a cast taken before the update would read the old value."""
+    for node in gm.graph.nodes:
+        if not M.is_inplace(node) or not node.args or not isinstance(node.args[0], fx.Node):
+            continue
+        base = node.args[0]
+        if base.op != "get_attr":
+            continue
+        value = _get(gm, str(base.target))
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            kind = "parameter" if isinstance(value, nn.Parameter) else "buffer"
+            where = M.source_line(node)
+            op = getattr(node.target, "__name__", node.target)
+            raise ModelError(
+                f"{type(model).__name__}.forward updates floating-point {kind} "
+                f"'{base.target}' in place ({op}{' at ' + where if where else ''}). amprewrite "
+                "casts parameters and buffers where they are read, so the graph could read a "
+                "value from before the update. "
+                "Move the update out of forward (into the training step, or a hook), or keep "
+                "such state in an integer buffer."
+            )
+
+
+_NEEDS_FLOAT = {"linear", "conv", "matmul"}
+
+
+def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
+    """Dynamo's fake kernels accept ``linear(int_tensor, float_weight)``; eager PyTorch does not.
+    Say so at transform time instead of at the first call."""
+    from .ops import family_of
+
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        family = family_of(node)
+        if family is None or family.name not in _NEEDS_FLOAT:
+            continue
+        infos = [M.info(a) for a in node.args if isinstance(a, fx.Node)]
+        dtypes = [i.dtype for i in infos if i.kind == "tensor" and i.dtype is not None]
+        if any(d.is_floating_point for d in dtypes) and any(not d.is_floating_point
+                                                             for d in dtypes):
+            path = node.meta.get(M.MODULE_PATH) or "the model"
+            raise CaptureError(
+                f"{type(model).__name__} cannot run on the given example_inputs: {family.name} "
+                f"in {path} receives tensors of dtypes {', '.join(map(str, dtypes))}, and "
+                "PyTorch needs them to match. Check the dtypes of example_inputs (token ids "
+                "go to embeddings, features must be floating point); model(*example_inputs) "
+                "must run in fp32."
+            )
 
 
 def annotate_dynamo_graph(graph: fx.Graph) -> None:
@@ -181,12 +302,13 @@ def annotate_dynamo_graph(graph: fx.Graph) -> None:
 
 @contextlib.contextmanager
 def _quiet_loggers():
-    """Silence dynamo's internal shape-printing warnings; real failures still raise."""
+    """Silence dynamo's internal logging (shape warnings, fake-tensor tracebacks of a failing
+    op); real failures still raise and are reported as one CaptureError."""
     loggers = [logging.getLogger(n) for n in ("torch.fx.experimental.symbolic_shapes",
-                                              "torch._dynamo")]
+                                              "torch._dynamo", "torch._subclasses.fake_tensor")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
-        lg.setLevel(logging.ERROR)
+        lg.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
@@ -282,6 +404,9 @@ def install_tensors(gm: nn.Module, model: nn.Module) -> None:
 def capture(model: nn.Module, example_inputs: object = None) -> Capture:
     """Capture ``model``: symbolic trace without example inputs, dynamo export with them."""
     if example_inputs is None:
-        return Capture(_symbolic(model), "symbolic_trace", None)
-    args, kwargs = _split_inputs(example_inputs)
-    return Capture(_dynamo(model, args, kwargs), "dynamo", model.training)
+        result = Capture(_symbolic(model), "symbolic_trace", None)
+    else:
+        args, kwargs = _split_inputs(example_inputs)
+        result = Capture(_dynamo(model, args, kwargs), "dynamo", model.training)
+    _state_writes(result.gm, model)
+    return result

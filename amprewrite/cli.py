@@ -25,7 +25,7 @@ import torch
 from .api import transform_with
 from .capture import capture
 from .errors import AmpRewriteError
-from .numerics import check_numerics, find_fp32_nodes
+from .numerics import check_numerics, find_fp32_nodes, rel_err
 from .ops import families_markdown
 from .policy import Policy, parse_dtype
 from .render import REWRITE_PASSES, graph_html, node_table, to_dot, to_svg
@@ -51,11 +51,6 @@ class _Progress:
         else:
             sys.stderr.write(f"amprewrite: {text}\n")
         sys.stderr.flush()
-
-
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.detach().double(), ref.detach().double()
-    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def _model_and_inputs(args: argparse.Namespace, need_inputs: bool):
@@ -220,7 +215,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"\nrelative error against fp32 ({args.dtype}):")
     print(f"  {'output':<10}{'amprewrite':>14}{'autocast':>14}")
     for name, o, a, r in zip(("image", "bce loss"), ours, auto, ref):
-        print(f"  {name:<10}{_rel_err(o, r):>14.3e}{_rel_err(a, r):>14.3e}")
+        print(f"  {name:<10}{rel_err(o, r):>14.3e}{rel_err(a, r):>14.3e}")
     if args.out:
         files = write_artefacts(model, inputs, policy, Path(args.out), set(FORMATS), False,
                                 _Progress(3))

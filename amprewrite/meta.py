@@ -11,6 +11,7 @@ Graph invariants every pass may rely on after capture (and must preserve):
 from __future__ import annotations
 
 import contextvars
+import operator
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -155,3 +156,18 @@ def each_node(graph: fx.Graph, op: str | None = None):
 def current_node() -> fx.Node | None:
     """The node the running pass was on (for error messages)."""
     return _CURRENT.get()
+
+
+def is_inplace(node: fx.Node) -> bool:
+    """Does ``node`` write into its first argument (``x.add_(y)``, ``F.relu(x, inplace=True)``)?"""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_method":
+        name = str(node.target)
+        return name.endswith("_") and not name.endswith("__")
+    if node.op == "call_function":
+        if node.target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
+            return True
+        name = getattr(node.target, "__name__", "")
+        return name.endswith("_") and not name.endswith("__") and not name.startswith("_")
+    return False

@@ -22,7 +22,7 @@ from .api import transform
 from .capture import capture
 from .ops import Precision
 
-__all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"]
+__all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes", "rel_err"]
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,22 @@ def _record(gm: fx.GraphModule, inputs: tuple) -> dict[str, torch.Tensor]:
     return rec.values
 
 
-def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error ``|out - ref| / |ref|`` in float64; ``inf`` when ``out`` is not finite.
+
+    >>> rel_err(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))
+    0.0
+    >>> rel_err(torch.tensor([float("nan")]), torch.tensor([1.0]))
+    inf
+    """
+    out, ref = out.detach().double(), ref.detach().double()
     if not torch.isfinite(out).all():
         return math.inf
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
-def _float_leaves(value: object) -> list[torch.Tensor]:
+def float_leaves(value: object) -> list[torch.Tensor]:
+    """The floating-point tensors in a model output (tensors, tuples, dicts, ModelOutput)."""
     if hasattr(value, "to_tuple"):
         value = value.to_tuple()
     return [t for t in pytree.tree_leaves(value)
@@ -102,9 +110,9 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
         gm = transform(model, dtype=dtype, example_inputs=inputs, **options)
     values = _record(gm, inputs)
     with torch.no_grad():
-        outs, refs = _float_leaves(gm(*inputs)), _float_leaves(model(*inputs))
+        outs, refs = float_leaves(gm(*inputs)), float_leaves(model(*inputs))
     finite = all(bool(torch.isfinite(o).all()) for o in outs)
-    output_error = max((_rel_err(o, r) for o, r in zip(outs, refs)), default=0.0)
+    output_error = max((rel_err(o, r) for o, r in zip(outs, refs)), default=0.0)
     rows: list[NodeError] = []
     first_bad = None
     for node in gm.graph.nodes:
@@ -116,7 +124,7 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
         is_finite = bool(torch.isfinite(value).all())
         comparable = ref is not None and ref.shape == value.shape and M.CAST not in node.meta
         row = NodeError(node.name, node.meta.get(M.MODULE_PATH, ""), node.meta.get(M.FAMILY),
-                        kind, _rel_err(value, ref) if comparable else None, is_finite,
+                        kind, rel_err(value, ref) if comparable else None, is_finite,
                         M.source_line(node))
         rows.append(row)
         ref_finite = ref is None or bool(torch.isfinite(ref).all())

@@ -29,26 +29,11 @@ from ..ops import FAMILIES, Precision, family_of, precision_of
 from ..plan import float_inputs
 from ..policy import Policy, Selector
 
-__all__ = ["PaintPrecision", "is_inplace", "matches"]
+__all__ = ["PaintPrecision", "matches"]
 
 _CONVERSIONS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
                 "bfloat16": torch.bfloat16}
 _ARANGE = {torch.arange, getattr(torch, "range", torch.arange)}
-
-
-def is_inplace(node: fx.Node) -> bool:
-    """Does ``node`` write into its first argument (``x.add_(y)``, ``F.relu(x, inplace=True)``)?"""
-    if node.kwargs.get("inplace") is True:
-        return True
-    if node.op == "call_method":
-        name = str(node.target)
-        return name.endswith("_") and not name.endswith("__")
-    if node.op == "call_function":
-        if node.target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
-            return True
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__") and not name.startswith("_")
-    return False
 
 
 def matches(node: fx.Node, selector: Selector) -> bool:
@@ -109,7 +94,7 @@ class PaintPrecision:
             why = f"{value.float_dtype()} value: computed as the model does"
         elif (forced := node.meta.get(M.FORCE)) is not None:
             cls, why = forced
-        elif is_inplace(node):
+        elif M.is_inplace(node):
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta["amp_tied"] = True
         elif (target := _conversion_target(node)) is not None:

@@ -16,7 +16,7 @@ from .errors import ModelError, PolicyError
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
 from .policy import Policy, Selector
-from .report import REPORT_KEY, Decision, Report
+from .report import POLICY_KEY, REPORT_KEY, Decision, Report
 
 __all__ = ["transform"]
 
@@ -96,6 +96,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     gm = captured.gm
     _check_node_selectors(gm, policy)
     gm.meta[REPORT_KEY] = rep
+    gm.meta[POLICY_KEY] = policy
     if on_pass is not None:
         on_pass("capture", gm)
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
@@ -143,7 +144,9 @@ def _check_model(model: object) -> None:
     if type(model).forward is nn.Module.forward:
         raise ModelError(f"{name} has no forward method; there is nothing to transform.")
     floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
-    if floats and all(t.dtype in (torch.float16, torch.bfloat16) for t in floats):
+    transformed = REPORT_KEY in getattr(model, "meta", {})  # capture says what it can redo
+    low = (torch.float16, torch.bfloat16)
+    if floats and not transformed and all(t.dtype in low for t in floats):
         raise ModelError(
             f"{name}'s floating-point parameters and buffers are all {floats[0].dtype} "
             "already: amprewrite starts from an fp32 model and decides per op what runs in "

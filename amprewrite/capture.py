@@ -29,7 +29,8 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from . import meta as M
-from .errors import CaptureError, ModelError, ModeSwitchError
+from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError
+from .report import POLICY_KEY, REPORT_KEY
 
 __all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
 
@@ -401,9 +402,39 @@ def install_tensors(gm: nn.Module, model: nn.Module) -> None:
                 set_attr(gm, name, b, persistent=b_name not in mod._non_persistent_buffers_set)
 
 
+def _recapture(gm: fx.GraphModule) -> Capture:
+    """The graph amprewrite captured for an already transformed GraphModule: its own graph (no
+    re-trace, node names kept) without the casts amprewrite inserted, so transforming twice
+    gives the graph transforming once gives."""
+    policy = gm.meta.get(POLICY_KEY)
+    if policy is not None and policy.params == "low":
+        raise PolicyError(
+            "this GraphModule was transformed with params='low', so some of its weights are "
+            "already rounded to low precision. Transform the original fp32 model instead."
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own treespec deprecation on deepcopy
+        graph = copy.deepcopy(gm.graph)
+    for node in list(graph.nodes):
+        if M.CAST in node.meta:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    for node in graph.nodes:
+        for key in (M.CLASS, M.LABEL, M.NATURAL, M.REASON):
+            node.meta.pop(key, None)
+    cls = DynamoGraphModule if isinstance(gm, DynamoGraphModule) else fx.GraphModule
+    new = _rebuild(gm, graph, lambda target: _get(gm, target), cls)
+    training = getattr(gm, "_amp_captured_training", None)
+    if isinstance(new, DynamoGraphModule):
+        new._amp_captured_training = training
+    return Capture(new, gm.meta[REPORT_KEY].capture, training)
+
+
 def capture(model: nn.Module, example_inputs: object = None) -> Capture:
     """Capture ``model``: symbolic trace without example inputs, dynamo export with them."""
-    if example_inputs is None:
+    if isinstance(model, fx.GraphModule) and REPORT_KEY in model.meta:
+        result = _recapture(model)
+    elif example_inputs is None:
         result = Capture(_symbolic(model), "symbolic_trace", None)
     else:
         args, kwargs = _split_inputs(example_inputs)

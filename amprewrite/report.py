@@ -11,6 +11,7 @@ from . import meta as M
 __all__ = ["Decision", "Report", "Rewrite", "record", "report"]
 
 REPORT_KEY = "amprewrite_report"
+POLICY_KEY = "amprewrite_policy"  # the Policy a GraphModule was transformed with
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def _short(exc: BaseException) -> str:
 def conform(name: str, dtype: torch.dtype, compile: bool = True) -> dict[str, object]:
     """One row of the matrix: build the model, transform it, measure, compile."""
     model, inputs = MODELS[name]()
+    before = {k: (v.dtype, v.detach().clone()) for k, v in model.state_dict().items()}
     row: dict[str, object] = {
         "model": name, "library": LIBRARY.get(name, "transformers"), "class": type(model).__name__,
         "dtype": str(dtype).replace("torch.", ""),
@@ -106,6 +107,9 @@ def conform(name: str, dtype: torch.dtype, compile: bool = True) -> dict[str, ob
         row["traceback"] = traceback.format_exc()
         return row
     row["transform_s"] = round(time.perf_counter() - start, 2)
+    after = model.state_dict()
+    row["model_unchanged"] = before.keys() == after.keys() and all(
+        after[k].dtype == d and torch.equal(after[k], v) for k, (d, v) in before.items())
     rep = amprewrite.report(gm)
     counts = rep.counts()
     row.update(nodes=len(gm.graph.nodes), casts=len(rep.casts), fp32_nodes=counts.get("fp32", 0),

@@ -98,3 +98,15 @@ def transform_via(capture: str, model: nn.Module, *inputs, **kwargs) -> fx.Graph
     """Transform with symbolic tracing (``capture="symbolic"``) or dynamo (``"dynamo"``)."""
     example = inputs if capture == "dynamo" else None
     return amprewrite.transform(model, example_inputs=example, **kwargs)
+
+
+def graph_signature(gm: fx.GraphModule) -> list[tuple]:
+    """The graph's structure without node names: (op, target, args with nodes as positions)."""
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+
+    def norm(a):
+        return fx.node.map_arg(a, lambda n: ("node", index[n]))
+
+    return [(n.op, str(n.target) if n.op in ("placeholder", "get_attr", "call_module",
+                                             "call_method") else n.target,
+             norm(n.args), norm(dict(n.kwargs))) for n in gm.graph.nodes]

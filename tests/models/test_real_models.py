@@ -1,4 +1,4 @@
-"""Real models: transform with example_inputs, no NaN/inf, error no larger than autocast's."""
+"""Real models: run-time precision classes, model.to(dtype) crashes, position cones, upsample."""
 
 import copy
 
@@ -8,41 +8,26 @@ import torch
 import amprewrite
 from amprewrite import meta as M
 from amprewrite.ops import Precision
+from benchmarks.zoo import MODELS, first_tensor, unet2d
 
-from ..helpers import LOW_DTYPES, assert_classes_respected, rel_err, unchanged
-from .zoo import MODELS, first_tensor, unet2d
+from ..helpers import LOW_DTYPES, assert_classes_respected, unchanged
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
 
-# amprewrite runs at least as much in fp32 as CPU autocast (e.g. GroupNorm, which CPU autocast
-# leaves in low precision), so the output error differs from autocast's by rounding noise
-# downstream. Measured (docs/design-notes.md): LLaMA and BERT 1.0000x autocast; UNet2DModel
-# 0.85-0.95x over four re-initialisations, 1.0024x for fp16 at the default seed-0 init.
-NOISE = 1e-2
-
-
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_real_model_error_at_most_autocast(name, dtype):
+@pytest.mark.parametrize("name", ["llama", "bert", "unet2d"])
+def test_real_model_classes_respected_at_run_time(name, dtype):
+    """Every LOW node gets only ``dtype`` inputs and every FP32 node only fp32 ones, at run time.
+
+    (The error against fp32 and autocast is tested for every model in test_conformance.py.)
+    """
     model, inputs = MODELS[name]()
-    with torch.no_grad():
-        ref = first_tensor(model(*inputs))
-        with torch.autocast("cpu", dtype=dtype):
-            auto = first_tensor(model(*inputs))
     with unchanged(model):
         gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
-    with torch.no_grad():
-        out = first_tensor(gm(*inputs))
-    assert out.dtype == ref.dtype
-    assert torch.isfinite(out).all()
-    ours, theirs = rel_err(out, ref), rel_err(auto, ref)
-    assert ours <= theirs * (1 + NOISE), (ours, theirs)
-    assert ours < 0.05
     assert_classes_respected(gm, *inputs, low=dtype)
     classes = {n.meta.get(M.CLASS) for n in gm.graph.nodes}
     assert {Precision.LOW, Precision.FP32} <= classes
-    assert str(amprewrite.report(gm))
 
 
 def test_unet2d_works_where_model_to_bf16_crashes():
@@ -66,8 +51,7 @@ def test_llama_rotary_positions_are_a_position_cone():
 @pytest.mark.parametrize("name", ["unet2d", "vae_decoder"])
 def test_nearest_upsample_rewrite_is_exact_on_diffusers(name):
     from amprewrite.passes.replace_upsample import upsample_nearest
-
-    from . import zoo
+    from benchmarks import zoo
 
     model, inputs = getattr(zoo, name)()
     always = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs,

@@ -1,0 +1,332 @@
+"""The bad-input catalogue (docs/errors.md): each bad input gets one clear error of a documented
+type and the caller's model stays bitwise unchanged; the inputs that must work, work."""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from torch import fx, nn
+
+import amprewrite
+from amprewrite import CaptureError, ModelError, PolicyError
+
+from .helpers import graph_signature, unchanged
+
+X = torch.randn(2, 4)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.l(x)
+        return -self.l(x)
+
+
+class WritesParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.l.weight.mul_(0.5)
+        return self.l(x)
+
+
+class WritesBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(()))
+
+    def forward(self, x):
+        self.scale += 1
+        return self.l(x) * self.scale
+
+
+def _check(model, error, match, **kwargs):
+    """transform raises ``error`` whose message contains ``match``; the model is unchanged."""
+    with unchanged(model), pytest.raises(error, match=match) as info:
+        amprewrite.transform(model, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message  # one paragraph
+    assert "Traceback" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize("obj", [lambda x: x, X, "model", None])
+def test_not_a_module(obj):
+    with pytest.raises(ModelError, match=r"expects a torch\.nn\.Module, got"):
+        amprewrite.transform(obj)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float64, torch.float32, "bf17",
+                                   torch.float8_e4m3fn])
+def test_unsupported_dtype(dtype):
+    _check(mlp(), PolicyError, "converts models to bfloat16 or float16", dtype=dtype)
+
+
+@pytest.mark.parametrize("inputs", [(X, X), ()], ids=["too-many", "none"])
+def test_example_inputs_wrong_arity(inputs):
+    msg = _check(mlp(), CaptureError, r"example_inputs do not match Sequential.forward\(input\)",
+                 example_inputs=inputs)
+    assert "Pass a tuple of positional inputs" in msg
+
+
+def test_example_inputs_wrong_keyword():
+    _check(mlp(), CaptureError, "missing a required argument: 'input'", example_inputs={"x": X})
+
+
+def test_example_inputs_wrong_shape(capfd):
+    msg = _check(mlp(), CaptureError, "fails on the given example_inputs even without amprewrite",
+                 example_inputs=(torch.randn(2, 5),))
+    assert "2x5 and 4x4" in msg
+    assert "Traceback" not in capfd.readouterr().err  # no dynamo log spew either
+
+
+def test_example_inputs_wrong_dtype():
+    _check(mlp(), CaptureError, "linear in 0 receives tensors of dtypes torch.int64",
+           example_inputs=(torch.ones(2, 4, dtype=torch.long),))
+
+
+def test_example_inputs_wrong_device():
+    _check(mlp(), CaptureError, "fails on the given example_inputs",
+           example_inputs=(torch.randn(2, 4, device="meta"),))
+
+
+def test_data_dependent_control_flow_without_example_inputs():
+    msg = _check(DataDependent(), CaptureError, "could not trace DataDependent symbolically")
+    assert "Pass example_inputs=" in msg and "if x.sum() > 0" in msg
+
+
+def test_data_dependent_control_flow_with_example_inputs_names_dynamo():
+    msg = _check(DataDependent(), CaptureError, "dynamo could not capture DataDependent",
+                 example_inputs=(X,))
+    assert "outside amprewrite" in msg and "Data-dependent branching" in msg
+
+
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_forward_writes_a_parameter(inputs):
+    _check(WritesParameter(), ModelError, "updates floating-point parameter 'l.weight' in place",
+           example_inputs=inputs)
+
+
+def test_forward_writes_a_buffer_dynamo():
+    _check(WritesBuffer(), ModelError, "updates floating-point buffer 'scale' in place",
+           example_inputs=(X,))
+
+
+def test_forward_writes_a_buffer_symbolic():
+    model = WritesBuffer()
+    msg = _check(model, ModelError, "updates buffer 'scale' in place")
+    assert "example_inputs" in msg
+    assert model.scale.item() == 1.0  # tracing ran the update on a copy
+
+
+def test_meta_device_parameters():
+    model = nn.Linear(4, 4, device="meta")
+    with pytest.raises(ModelError, match="meta-device tensor 'weight'"):
+        amprewrite.transform(model)
+    assert model.weight.is_meta  # (meta tensors cannot be snapshotted; nothing was materialised)
+
+
+def test_half_initialised_lazy_module():
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+    with pytest.raises(ModelError, match=r"uninitialised or meta-device tensor '0\.weight'"):
+        amprewrite.transform(model)
+    assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
+
+
+@pytest.mark.parametrize("option", ["keep_fp32", "allow_low"])
+def test_selector_names_unknown_module(option):
+    msg = _check(mlp(), PolicyError, f"{option} names '3'", **{option: ["3"]})
+    assert "named_modules" in msg
+
+
+def test_selector_typo_gets_a_suggestion():
+    _check(mlp(), PolicyError, "Did you mean 'softmax'", keep_fp32=["softmx"])
+
+
+def test_selector_unknown_graph_node():
+    _check(mlp(), PolicyError, "graph node 'linear_9'", keep_fp32=["node:linear_9"])
+
+
+def test_conflicting_selectors():
+    _check(mlp(), PolicyError, "both keep_fp32 and allow_low", keep_fp32=["0"], allow_low=["0"])
+
+
+@pytest.mark.parametrize(("option", "value", "match"), [
+    ("params", "half", "params must be 'fp32'"),
+    ("upsample", "sometimes", "upsample must be 'auto'"),
+    ("device", "tpu", "device must name a torch device"),
+    ("keep_fp32", 3, "keep_fp32 must be a list"),
+])
+def test_bad_option_values(option, value, match):
+    _check(mlp(), PolicyError, match, **{option: value})
+
+
+def test_model_already_in_bf16():
+    model = mlp().to(torch.bfloat16)
+    msg = _check(model, ModelError, "are all torch.bfloat16 already")
+    assert "model.float()" in msg
+
+
+def test_module_without_forward():
+    _check(nn.Module(), ModelError, "has no forward method")
+
+
+def test_torchscript_module():
+    _check(torch.jit.script(mlp()), ModelError, "TorchScript module")
+
+
+def test_data_parallel_wrapper():
+    _check(nn.DataParallel(mlp()), ModelError, r"transform the module it wraps \(model.module\)")
+
+
+def test_params_low_graph_cannot_be_transformed_again():
+    gm = amprewrite.transform(mlp(), params="low")
+    with pytest.raises(PolicyError, match="params='low'"):
+        amprewrite.transform(gm)
+
+
+# ------------------------------------------------------------------------------ must work
+@dataclasses.dataclass
+class Pair:
+    logits: torch.Tensor
+    probs: torch.Tensor
+
+
+class StructuredOutputs(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.l(x)
+        if self.kind == "dict":
+            return {"y": y, "nested": (y.softmax(-1), [y.sum()]), "ids": x.argmax(-1)}
+        if self.kind == "dataclass":
+            return Pair(y, y.softmax(-1))
+        return (y, (y.exp(), (y.relu(),)))
+
+
+def _leaves(out):
+    if dataclasses.is_dataclass(out):
+        out = dataclasses.asdict(out)
+    return torch.utils._pytree.tree_leaves(out)
+
+
+@pytest.mark.parametrize("kind", ["dict", "dataclass", "nested"])
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_structured_outputs_work(kind, inputs):
+    model = StructuredOutputs(kind)
+    with unchanged(model):
+        gm = amprewrite.transform(model, example_inputs=inputs)
+    with torch.no_grad():
+        out, ref = gm(X), model(X)
+    assert type(out) is type(ref)
+    if kind == "dataclass":
+        assert isinstance(out, Pair)
+    got, want = _leaves(out), _leaves(ref)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)  # bf16 linear
+
+
+def test_empty_model_is_the_identity():
+    model = nn.Sequential()
+    gm = amprewrite.transform(model)
+    assert torch.equal(gm(X), X)
+    assert torch.equal(amprewrite.transform(model, example_inputs=(X,))(X), X)
+
+
+class InPlaceOnInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.l(x)
+
+
+@pytest.mark.parametrize("inputs", [None, "dynamo"])
+def test_in_place_on_inputs_keeps_eager_semantics(inputs):
+    model = InPlaceOnInput()
+    example = X.clone()
+    gm = amprewrite.transform(model, example_inputs=(example,) if inputs else None)
+    assert torch.equal(example, X)  # transforming does not run the model on the caller's inputs
+    a, b = X.clone(), X.clone()
+    out = gm(a)
+    ref = model(b)
+    assert torch.equal(a, b)  # the graph mutates its input exactly as the model does
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_integer_buffer_counter_is_kept_in_the_graph():
+    """BatchNorm's num_batches_tracked pattern: an integer buffer updated in forward is fine."""
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+            self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.steps.add_(1)
+            return self.l(x)
+
+    model = Counter()
+    gm = amprewrite.transform(model, example_inputs=(X,))
+    assert model.steps.item() == 0  # capture did not run it
+    gm(X)
+    gm(X)
+    assert model.steps.item() == 2  # the graph shares the buffer, as it shares parameters
+
+
+def test_graph_module_input_works():
+    model = mlp()
+    traced = fx.symbolic_trace(model)
+    gm = amprewrite.transform(traced)
+    torch.testing.assert_close(gm(X), model(X), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_transforming_a_transformed_graph_is_idempotent(inputs):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1), nn.Linear(4, 4), nn.LayerNorm(4))
+    once = amprewrite.transform(model, example_inputs=inputs)
+    twice = amprewrite.transform(once, example_inputs=inputs)
+    assert graph_signature(twice) == graph_signature(once)
+    assert torch.equal(twice(X), once(X))
+    # ... and re-transforming to another dtype starts from the captured graph, not on top.
+    fp16 = amprewrite.transform(once, dtype=torch.float16, example_inputs=inputs)
+    direct = amprewrite.transform(model, dtype=torch.float16, example_inputs=inputs)
+    assert graph_signature(fp16) == graph_signature(direct)
+
+
+def test_example_inputs_as_a_bare_tensor_or_list():
+    model = mlp()
+    for inputs in (X, [X]):
+        gm = amprewrite.transform(model, example_inputs=inputs)
+        torch.testing.assert_close(gm(X), model(X), rtol=2e-2, atol=2e-2)
+
+
+def test_deepcopy_of_the_result_is_independent():
+    model = mlp()
+    gm = amprewrite.transform(model)
+    other = copy.deepcopy(gm)
+    with torch.no_grad():
+        other.get_submodule("0").weight.zero_()
+    assert not torch.equal(model[0].weight, torch.zeros(4, 4))

@@ -81,6 +81,8 @@ def _has_float_scalar(node: fx.Node) -> bool:
 
 
 def _promote(infos: list[ValueInfo], float_scalar: bool, int_to_float: bool) -> ValueInfo:
+    if not infos:
+        return UNKNOWN_TENSOR
     floats = {i.dtype for i in infos if i.dtype is not None and i.dtype.is_floating_point}
     if floats:
         if len(floats) == 1:
@@ -132,7 +134,8 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
             idx = node.args[1]
             if first.items and isinstance(idx, int) and -len(first.items) <= idx < len(first.items):
                 return first.items[idx]
-            return ValueInfo("tensor", first.dtype) if first.dtype or first.items else OTHER
+            # A split's items are tensors of its input's dtype (None: unknown, still a tensor).
+            return ValueInfo("tensor", first.dtype) if not first.items else OTHER
         return first
     if name in _NONTENSOR:
         return OTHER
@@ -171,7 +174,9 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
     if name in ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack"):
         seq = node.args[0] if node.args else node.kwargs.get("tensors", ())
         infos = [info(a) for a in seq] if isinstance(seq, (list, tuple)) else []
-        return _promote([i for i in infos if i.kind == "tensor"], False, False)
+        # An element we know nothing about makes the result's dtype unknown, not bool.
+        return _promote([i if i.kind == "tensor" else UNKNOWN_TENSOR for i in infos], False,
+                        False)
     inputs = _tensor_infos(node)
     if not inputs:
         from_torch = (getattr(node.target, "__module__", "") or "").startswith("torch")

@@ -1,0 +1,185 @@
+"""Random models for property-based testing: a program of ops from a fixed vocabulary.
+
+A model is a list of steps; each step applies one op kind to values made earlier (any earlier
+value, so values get several consumers), and the model returns the last value and one earlier
+one. Values are float tensors of shape (N, F); an integer input ``ids`` of shape (N,) feeds the
+integer-to-float paths. Ops are written to keep values O(1) (tanh before exp, ``abs() + 1``
+before log and division) so that a tolerance against fp32 means something.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from hypothesis import strategies as st
+from torch import nn
+
+N, FEAT, VOCAB = 4, 8, 16
+
+
+def _attention(x):
+    scores = x.unsqueeze(-1) @ x.unsqueeze(-2) / math.sqrt(FEAT)
+    return (scores.softmax(-1) @ x.unsqueeze(-1)).squeeze(-1)
+
+
+def _sdpa(x):
+    q = x.reshape(1, 1, N, FEAT)
+    return F.scaled_dot_product_attention(q, q, q).reshape(N, FEAT)
+
+
+def _max_multi(x):
+    values, index = x.max(-1, keepdim=True)  # a multi-output node, with an int output
+    return x - values + index.float() / FEAT
+
+
+def _chunk_cat(x):
+    a, b = x.chunk(2, -1)
+    return torch.cat([b, a * 2], -1)
+
+
+def _topk(x):
+    values, _ = x.topk(2, -1)
+    return x * values.mean(-1, keepdim=True).tanh()
+
+
+def _bmm(x):
+    h = x.reshape(N, 2, FEAT // 2)
+    return torch.bmm(h, h.transpose(1, 2)).reshape(N, 4).repeat(1, FEAT // 4)
+
+
+def _upsample_nearest(x):
+    up = F.interpolate(x.reshape(N, 1, 1, FEAT), scale_factor=2, mode="nearest")
+    return up[:, 0, 0, ::2].reshape(N, FEAT)
+
+
+def _upsample_bilinear(x):
+    up = F.interpolate(x.reshape(N, 1, 2, FEAT // 2), scale_factor=2, mode="bilinear")
+    return F.avg_pool2d(up, 2).reshape(N, FEAT)
+
+
+def _positions(x):
+    angles = torch.arange(FEAT, device=x.device).float() * 0.3  # integer -> float position path
+    return x + torch.sin(angles)
+
+
+# name -> (arity, function(module, *values, ids)); module is the step's parameters or None.
+UNARY = {
+    "linear": lambda m, x, ids: m(x),
+    "functional_linear": lambda m, x, ids: F.linear(x, m.weight, m.bias),
+    "matmul_param": lambda m, x, ids: x @ m.weight,
+    "conv1d": lambda m, x, ids: m(x.unsqueeze(1)).squeeze(1),
+    "bmm": lambda m, x, ids: _bmm(x),
+    "attention": lambda m, x, ids: _attention(x),
+    "sdpa": lambda m, x, ids: _sdpa(x),
+    "softmax": lambda m, x, ids: x.softmax(-1),
+    "log_softmax": lambda m, x, ids: F.log_softmax(x, -1) / FEAT,
+    "layer_norm": lambda m, x, ids: m(x),
+    "batch_norm": lambda m, x, ids: m(x),
+    "group_norm": lambda m, x, ids: m(x),
+    "rms_norm": lambda m, x, ids: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+    "exp": lambda m, x, ids: torch.exp(torch.tanh(x)),
+    "log": lambda m, x, ids: torch.log(x.abs() + 1),
+    "logsumexp": lambda m, x, ids: x - torch.logsumexp(x, -1, keepdim=True),
+    "cross_entropy": lambda m, x, ids: x + F.cross_entropy(x, ids % FEAT),
+    "gelu": lambda m, x, ids: F.gelu(x),
+    "silu": lambda m, x, ids: F.silu(x),
+    "relu": lambda m, x, ids: torch.relu(x),
+    "tanh": lambda m, x, ids: torch.tanh(x),
+    "sigmoid": lambda m, x, ids: torch.sigmoid(x),
+    "mean_center": lambda m, x, ids: x - x.mean(-1, keepdim=True),
+    "sum_gate": lambda m, x, ids: x * x.sum(-1, keepdim=True).tanh(),
+    "cumsum": lambda m, x, ids: x.cumsum(-1) / FEAT,
+    "norm": lambda m, x, ids: x / (x.norm(dim=-1, keepdim=True) + 1),
+    "pow": lambda m, x, ids: x.pow(2) / (1 + x.pow(2)),
+    "transpose": lambda m, x, ids: x.t().contiguous().t(),
+    "reshape_flip": lambda m, x, ids: x.reshape(N, 2, FEAT // 2).flip(1).reshape(N, FEAT),
+    "upsample_nearest": lambda m, x, ids: _upsample_nearest(x),
+    "upsample_bilinear": lambda m, x, ids: _upsample_bilinear(x),
+    "max_multi": lambda m, x, ids: _max_multi(x),
+    "chunk_cat": lambda m, x, ids: _chunk_cat(x),
+    "topk": lambda m, x, ids: _topk(x),
+    "positions": lambda m, x, ids: _positions(x),
+    "embedding": lambda m, x, ids: x + m(ids),
+    "ids_float": lambda m, x, ids: x * (ids.float().unsqueeze(-1) / VOCAB),
+    "where": lambda m, x, ids: torch.where(x > 0, x, 0.1 * x),
+    "clamp": lambda m, x, ids: x.clamp(-2, 2),
+    "dropout_eval": lambda m, x, ids: F.dropout(x, 0.5, training=False),
+}
+BINARY = {
+    "add": lambda m, a, b, ids: a + b,
+    "mul": lambda m, a, b, ids: a * b,
+    "sub": lambda m, a, b, ids: a - 0.5 * b,
+    "div": lambda m, a, b, ids: a / (b.abs() + 1),
+    "mse_loss": lambda m, a, b, ids: a + F.mse_loss(a, b),
+    "bce_logits": lambda m, a, b, ids: a + F.binary_cross_entropy_with_logits(a, torch.sigmoid(b)),
+    "smooth_l1": lambda m, a, b, ids: a - F.smooth_l1_loss(a, b),
+}
+OPS = {**UNARY, **BINARY}
+
+
+def _params(kind: str) -> nn.Module | None:
+    if kind in ("linear", "functional_linear", "matmul_param"):
+        return nn.Linear(FEAT, FEAT)
+    if kind == "conv1d":
+        return nn.Conv1d(1, 1, 3, padding=1)
+    if kind == "layer_norm":
+        return nn.LayerNorm(FEAT)
+    if kind == "group_norm":
+        return nn.GroupNorm(2, FEAT)
+    if kind == "embedding":
+        return nn.Embedding(VOCAB, FEAT)
+    if kind == "batch_norm":
+        bn = nn.BatchNorm1d(FEAT).eval()
+        with torch.no_grad():
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+        return bn
+    return None
+
+
+class Program(nn.Module):
+    """``steps``: (op kind, indices of the values it reads); value 0 is the input ``x``."""
+
+    def __init__(self, steps: list[tuple[str, tuple[int, ...]]], extra_output: int):
+        super().__init__()
+        self.steps = steps
+        self.extra_output = extra_output
+        self.mods = nn.ModuleDict({str(i): m for i, (kind, _) in enumerate(steps)
+                                   if (m := _params(kind)) is not None})
+
+    def forward(self, x, ids):
+        values = [x]
+        for i, (kind, reads) in enumerate(self.steps):
+            mod = self.mods[str(i)] if str(i) in self.mods else None
+            values.append(OPS[kind](mod, *(values[r] for r in reads), ids))
+        return values[-1], values[self.extra_output]
+
+    def __repr__(self) -> str:
+        return f"Program({self.steps!r}, extra_output={self.extra_output})"
+
+
+@st.composite
+def programs(draw, max_steps: int = 8) -> Program:
+    count = draw(st.integers(1, max_steps))
+    steps = []
+    for i in range(count):
+        kind = draw(st.sampled_from(sorted(OPS)))
+        arity = 2 if kind in BINARY else 1
+        reads = tuple(draw(st.integers(0, i)) for _ in range(arity))
+        steps.append((kind, reads))
+    extra = draw(st.integers(0, count))
+    seed = draw(st.integers(0, 2**16))
+    torch.manual_seed(seed)
+    return Program(steps, extra).eval()
+
+
+@st.composite
+def inputs(draw):
+    seed = draw(st.integers(0, 2**16))
+    scale = draw(st.sampled_from([0.1, 1.0, 4.0]))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, FEAT, generator=gen) * scale
+    ids = torch.randint(0, VOCAB, (N,), generator=gen)
+    return x, ids

@@ -68,7 +68,8 @@ class Capture:
     training: bool | None  # the mode dynamo baked in; None for symbolic graphs (mode follows gm)
 
 
-def _split_inputs(example_inputs: object) -> tuple[tuple, dict]:
+def split_inputs(example_inputs: object) -> tuple[tuple, dict]:
+    """(positional, keyword) inputs from a tuple/list, a dict of keyword inputs, or one value."""
     if isinstance(example_inputs, Mapping):
         return (), dict(example_inputs)
     if isinstance(example_inputs, (tuple, list)):
@@ -437,7 +438,7 @@ def capture(model: nn.Module, example_inputs: object = None) -> Capture:
     elif example_inputs is None:
         result = Capture(_symbolic(model), "symbolic_trace", None)
     else:
-        args, kwargs = _split_inputs(example_inputs)
+        args, kwargs = split_inputs(example_inputs)
         result = Capture(_dynamo(model, args, kwargs), "dynamo", model.training)
     _state_writes(result.gm, model)
     return result

@@ -10,7 +10,9 @@ True
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from . import meta as M
 from .api import transform
-from .capture import capture
+from .capture import capture, split_inputs
 from .ops import Precision
 
 __all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes", "rel_err"]
@@ -63,10 +65,11 @@ class _Recorder(fx.Interpreter):
         return out
 
 
-def _record(gm: fx.GraphModule, inputs: tuple) -> dict[str, torch.Tensor]:
+def _record(gm: fx.GraphModule, inputs: object) -> dict[str, torch.Tensor]:
+    args, kwargs = split_inputs(inputs)
     rec = _Recorder(gm)
-    with torch.no_grad():
-        rec.run(*inputs)
+    with torch.no_grad():  # keyword inputs bound to the graph's placeholders by name
+        rec.run(*inspect.signature(gm.forward).bind(*args, **kwargs).args)
     return rec.values
 
 
@@ -92,9 +95,9 @@ def float_leaves(value: object) -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def _inputs(example_inputs: object) -> tuple:
-    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
-        example_inputs,)
+def _call(fn, inputs: object) -> object:
+    args, kwargs = split_inputs(inputs)
+    return fn(*args, **kwargs)
 
 
 def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat16,
@@ -104,13 +107,14 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
     ``options`` are :func:`amprewrite.transform`'s keywords. Nodes are matched by name between
     the fp32 captured graph and the transformed one (amprewrite keeps the names it captured).
     """
-    inputs = _inputs(example_inputs)
+    inputs = example_inputs if isinstance(example_inputs, Mapping) else (
+        tuple(split_inputs(example_inputs)[0]))
     reference = _record(capture(model, inputs).gm, inputs)
     if gm is None:
         gm = transform(model, dtype=dtype, example_inputs=inputs, **options)
     values = _record(gm, inputs)
     with torch.no_grad():
-        outs, refs = float_leaves(gm(*inputs)), float_leaves(model(*inputs))
+        outs, refs = float_leaves(_call(gm, inputs)), float_leaves(_call(model, inputs))
     finite = all(bool(torch.isfinite(o).all()) for o in outs)
     output_error = max((rel_err(o, r) for o, r in zip(outs, refs)), default=0.0)
     rows: list[NodeError] = []
@@ -184,7 +188,7 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     >>> amprewrite.find_fp32_nodes(model, (torch.randn(2, 4),), rtol=0.5)
     []
     """
-    inputs = _inputs(example_inputs)
+    inputs = example_inputs
     keep = [s for s in options.pop("keep_fp32", ())]
     for _ in range(max_nodes + 1):
         gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)

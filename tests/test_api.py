@@ -253,3 +253,22 @@ def test_meta_device_model_is_rejected():
         model = nn.Linear(4, 4)
     with pytest.raises(amprewrite.ModelError, match="meta-device"):
         transform(model)
+
+
+def test_check_numerics_takes_keyword_example_inputs():
+    """Encoder-decoder models are called with keywords (T5, Whisper): the tools take dicts too."""
+    class TwoInputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+
+        def forward(self, x, y=None):
+            return self.a(x).softmax(-1) + self.b(y)
+
+    model = TwoInputs()
+    inputs = {"x": torch.randn(2, 4), "y": torch.randn(2, 4)}
+    result = amprewrite.check_numerics(model, inputs, dtype=torch.bfloat16)
+    assert result.finite and 0 < result.output_error < 0.05
+    assert {"softmax", "linear"} <= {row.node for row in result.nodes}
+    assert amprewrite.find_fp32_nodes(model, inputs, rtol=0.5) == []

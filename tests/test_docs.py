@@ -26,3 +26,11 @@ def test_demo_command_runs_and_reports():
     assert "re-rolled 2 iterations -> batch_index" in out  # vectorize_loops
     assert "interpolate -> upsample_nearest" in out  # replace_upsample
     assert "relative error against fp32" in out and "autocast" in out
+
+
+def test_errors_doc_covers_every_error_type():
+    import amprewrite.errors as errors
+
+    text = (ROOT / "docs" / "errors.md").read_text()
+    for name in errors.__all__:
+        assert f"`{name}`" in text, name

@@ -1,10 +1,12 @@
 """One command that measures everything and writes docs/benchmarks/:
 
-    python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops, plots
+    python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
+                                        # plots, real-model conformance matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
 
-Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots} --help.
+Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,conformance}
+--help.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import sys
 import time
 
-from . import loops, plots, runtime, transform_cost, upsample
+from . import conformance, loops, plots, runtime, transform_cost, upsample
 
 
 def _all(quick: bool, device: str | None, gpu: bool) -> None:
@@ -29,6 +31,8 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
          (["--repeats", "5", "--batches", "64"] if quick else ["--repeats", "300"]) + dev),
         ("plots", plots.main, []),
     ]
+    if not quick and not gpu:  # the whole matrix or none: docs/models.md lists every model
+        steps.append(("conformance", conformance.main, []))
     if gpu:
         steps = [s for s in steps if s[0] != "transform cost"]  # a CPU-side cost
     for name, fn, argv in steps:

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import amprewrite
@@ -40,11 +40,17 @@ def _err(out, ref) -> float:
 
 @st.composite
 def policies(draw):
+    """Options for transform; about one in six is invalid (an unknown name, or a conflict)."""
     keep = draw(st.lists(st.sampled_from(SELECTABLE), max_size=2, unique=True))
-    allow = draw(st.lists(st.sampled_from(SELECTABLE), max_size=2, unique=True))
-    bogus = draw(st.sampled_from([None, None, None, None, "softmaxx", "mods.99"]))
-    if bogus:
-        keep = [*keep, bogus]
+    allow = draw(st.lists(st.sampled_from([s for s in SELECTABLE if s not in keep]),
+                          max_size=2, unique=True))
+    mistake = draw(st.sampled_from([None] * 10 + ["typo", "unknown module", "conflict"]))
+    if mistake == "typo":
+        keep = [*keep, "softmaxx"]
+    elif mistake == "unknown module":
+        keep = [*keep, "mods.99"]
+    elif mistake == "conflict" and keep:
+        allow = [*allow, keep[0]]
     return {"dtype": draw(st.sampled_from([torch.bfloat16, torch.float16])),
             "keep_fp32": keep, "allow_low": allow,
             "params": draw(st.sampled_from(["fp32", "fp32", "low"])),
@@ -56,10 +62,16 @@ def test_vocabulary_has_at_least_30_op_kinds():
 
 
 @FUZZ
-@given(model=programs(), example=inputs(), policy=policies(), dynamo=st.booleans())
+@given(model=programs(max_steps=12), example=inputs(), policy=policies(),
+       dynamo=st.booleans())
 def test_transform_properties(model, example, policy, dynamo):
     valid = not (set(policy["keep_fp32"]) & set(policy["allow_low"])) and not any(
         s in ("softmaxx", "mods.99") for s in policy["keep_fp32"])
+    event("capture: " + ("dynamo" if dynamo else "symbolic_trace"))
+    event("policy: " + ("valid" if valid else "invalid (PolicyError expected)"))
+    event(f"steps: {len(model.steps)}")
+    for kind in {k for k, _ in model.steps}:
+        event(f"op: {kind}")
     with unchanged(model):  # the caller's model is bitwise unchanged, whatever happens
         try:
             gm = amprewrite.transform(model, example_inputs=example if dynamo else None, **policy)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import operator
+import os
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -137,10 +138,12 @@ def source_line(node: fx.Node) -> str | None:
     trace = node.meta.get("stack_trace")
     if not trace:
         return None
-    found = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    found = [(f, line) for f, line in re.findall(r'File "([^"]+)", line (\d+)', trace)
+             if not f.startswith(_TORCH_DIR)]  # symbolic traces end in torch/fx/proxy.py
     return f"{found[-1][0]}:{found[-1][1]}" if found else None
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__)
 _CURRENT: contextvars.ContextVar[fx.Node | None] = contextvars.ContextVar("amp_node", default=None)
 
 

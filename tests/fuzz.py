@@ -46,7 +46,7 @@ def _topk(x):
 
 def _bmm(x):
     h = x.reshape(N, 2, FEAT // 2)
-    return torch.bmm(h, h.transpose(1, 2)).reshape(N, 4).repeat(1, FEAT // 4)
+    return (torch.bmm(h, h.transpose(1, 2)) / FEAT).reshape(N, 4).repeat(1, FEAT // 4)
 
 
 def _upsample_nearest(x):

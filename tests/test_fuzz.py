@@ -92,9 +92,15 @@ def test_transform_properties(model, example, policy, dynamo):
         out, ref = gm(*example), model(*example)
         with torch.autocast("cpu", dtype=dtype):
             auto = model(*example)
-    for o, r in zip(out, ref):
+    for o, r, a in zip(out, ref, auto):
         assert o.dtype == r.dtype and o.shape == r.shape
-        assert not (~torch.isfinite(o) & torch.isfinite(r)).any(), "new non-finite values"
+        new = ~torch.isfinite(o) & torch.isfinite(r)
+        if new.any():
+            # fp16 range: a low-precision matmul of values in the hundreds overflows (found on
+            # a 5,000-example run: attention over a bmm output, scale-4 inputs). That is the
+            # dtype's limit, not a rewrite bug, only when autocast overflows at the same places.
+            event("non-finite where autocast is non-finite too")
+            assert (~torch.isfinite(a))[new].all(), "new non-finite values autocast does not have"
     assert _err(out, ref) <= max(TOL[dtype], 1.5 * _err(auto, ref) + 1e-3)
     if policy["params"] == "fp32":
         again = amprewrite.transform(gm, example_inputs=example if dynamo else None, **policy)

@@ -148,7 +148,10 @@ class PaintPrecision:
             return False  # an embedding reads its integer input as indices, not as numbers
         args: list[fx.Node] = []
         fx.node.map_arg((node.args, node.kwargs), lambda n: args.append(n) or n)
-        return any(info(a).is_int for a in args)
+        # Floats born from integers only (x.float(), ids * 0.5, int / int). An op that also
+        # reads float tensors uses its integer inputs as indices, offsets or masks (an MoE's
+        # grouped matmul with expert offsets), not as the numbers it computes with.
+        return any(info(a).is_int for a in args) and not any(info(a).is_float for a in args)
 
     def _override(self, node: fx.Node) -> None:
         cls = node.meta.get(M.CLASS)

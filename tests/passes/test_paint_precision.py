@@ -1,0 +1,51 @@
+"""Position cones start where floats are born from integers, not where integers are auxiliary."""
+
+import pytest
+import torch
+from torch import nn
+
+import amprewrite
+from amprewrite import meta as M
+from amprewrite.ops import Precision
+
+
+class MaskedMLP(nn.Module):
+    """An integer tensor used as a mask/offset next to float data (like an MoE's expert offsets
+    in a grouped matmul): the product is not 'integer values as floats'."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        return self.b(self.a(x) * mask.unsqueeze(-1))
+
+
+class Positions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x, pos):
+        return self.a(x + pos.float().unsqueeze(-1) * 0.01)
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "dynamo"])
+def test_integer_mask_next_to_float_data_does_not_start_a_cone(capture):
+    model = MaskedMLP()
+    inputs = (torch.randn(2, 8), torch.tensor([1, 0]))
+    gm = amprewrite.transform(model, example_inputs=inputs if capture == "dynamo" else None)
+    linears = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "linear"]
+    assert len(linears) == 2
+    assert all(n.meta[M.CLASS] == Precision.LOW for n in linears), [
+        (n.name, n.meta.get(M.REASON)) for n in linears]
+    assert not any("position cone" in n.meta.get(M.REASON, "") for n in gm.graph.nodes)
+
+
+def test_integer_converted_to_float_starts_a_cone():
+    model = Positions()
+    inputs = (torch.randn(2, 8), torch.tensor([3, 4000]))
+    gm = amprewrite.transform(model, example_inputs=inputs)
+    cone = [n for n in gm.graph.nodes if "position cone" in n.meta.get(M.REASON, "")]
+    assert cone and all(n.meta[M.CLASS] == Precision.FP32 for n in cone)

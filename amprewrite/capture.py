@@ -137,7 +137,10 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
             sub = model.get_submodule(str(node.target))
             if not node.meta[M.MODULE_TYPES] or node.meta[M.MODULE_TYPES][-1] is not type(sub):
                 node.meta[M.MODULE_TYPES] = (*node.meta[M.MODULE_TYPES], type(sub))
-    return _rebuild(model, graph, lambda target: model.get_submodule(target), fx.GraphModule)
+    # Modules and tensors come from the caller's model (shared, not the clones); constants the
+    # tracer created (``_tensor_constant0``) only exist on the traced copy.
+    return _rebuild(model, graph, lambda target: _get(model, target) if _has(model, target)
+                    else _get(traced, target), fx.GraphModule)
 
 
 def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:

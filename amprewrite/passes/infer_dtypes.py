@@ -115,6 +115,12 @@ def _module_info(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
     return _promote(inputs, False, False) if inputs else UNKNOWN_TENSOR
 
 
+def _reads_dtype(arg: object) -> bool:
+    """Is ``arg`` the node ``getattr(y, "dtype")`` (``y.dtype`` in a symbolic trace)?"""
+    return (isinstance(arg, fx.Node) and arg.target is builtins.getattr
+            and len(arg.args) > 1 and arg.args[1] == "dtype")
+
+
 def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
     if node.op == "placeholder":
         return UNKNOWN_TENSOR
@@ -148,6 +154,8 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
         other = [info(a) for a in node.args[1:] if isinstance(a, fx.Node)]
         if other and other[0].kind == "tensor":
             return ValueInfo("tensor", other[0].dtype)
+        if any(_reads_dtype(a) for a in (*node.args[1:], *node.kwargs.values())):
+            return UNKNOWN_TENSOR  # x.to(y.dtype) with y's dtype unknown: a conversion to it
         return first
     if name in _COMPARE:
         return ValueInfo("tensor", torch.bool)

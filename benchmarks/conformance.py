@@ -190,7 +190,8 @@ def markdown(data: dict) -> str:
                   f"{ratios[len(ratios) // 2]:.3f}); the tests allow {1 + NOISE:.2f} (rounding "
                   "noise, see [testing.md](testing.md)). A ratio of exactly 1.000 means the "
                   "same ops ran in low precision as under CPU autocast; below 1, amprewrite "
-                  "kept more in fp32 (norms, residual adds, the MoE router, GroupNorm)."]
+                  "kept more in fp32 (GroupNorm, which CPU autocast runs in low precision; "
+                  "residual adds after a norm)."]
     crashes = [r for r in data["rows"] if r.get("to_dtype_error")]
     if crashes:
         lines += ["", "`model.to(dtype)` crashed on:", ""]

@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from . import meta as M
 from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError
+from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
 
 __all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
@@ -152,12 +153,11 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             f"{inspect.signature(model.forward)}: {exc}. Pass a tuple of positional inputs "
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
-    error: Exception | None = None
     try:
         exported = _export(model, args, kwargs)
     except Exception as exc:
-        error = exc
-    if error is not None:
+        exported, error = None, exc
+    if exported is None:
         failure, out = _eager_run(model, args, kwargs)
         if failure is not None:
             raise CaptureError(
@@ -165,12 +165,11 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 f"amprewrite: {failure}. Fix the model or the inputs; model(*example_inputs) must "
                 "run in fp32."
             ) from None
-        exported = None
         if _register_output_dataclasses(out):
             try:
                 exported = _export(model, args, kwargs)
-            except Exception as again:
-                error = again
+            except Exception as exc:
+                error = exc
         if exported is None:
             text = str(error).strip()
             first = text.splitlines()[0] if text else type(error).__name__
@@ -196,8 +195,22 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     return gm
 
 
+def _no_recompile_limit() -> contextlib.AbstractContextManager:
+    """Every export adds a cache entry to the model class's ``forward`` code object, and dynamo
+    refuses a code object after ``recompile_limit`` (8) entries: without this the ninth
+    transform of any ``nn.Sequential`` in a process failed (``find_fp32_nodes`` transforms up
+    to 17 times). The entries are only consulted under torch.compile, never in eager calls."""
+    names = set(torch._dynamo.config._config)
+    keys = [("recompile_limit", "accumulated_recompile_limit"),
+            ("cache_size_limit", "accumulated_cache_size_limit")]
+    for pair in keys:
+        if all(k in names for k in pair):
+            return torch._dynamo.config.patch({k: 1 << 30 for k in pair})
+    return contextlib.nullcontext()
+
+
 def _export(model: nn.Module, args: tuple, kwargs: dict):
-    with warnings.catch_warnings(), _quiet_loggers():
+    with warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit():
         warnings.simplefilter("ignore")
         # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
         # the copy, never on the caller's modules (dynamo would leave FakeTensors there).
@@ -271,8 +284,6 @@ _NEEDS_FLOAT = {"linear", "conv", "matmul"}
 def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
     """Dynamo's fake kernels accept ``linear(int_tensor, float_weight)``; eager PyTorch does not.
     Say so at transform time instead of at the first call."""
-    from .ops import family_of
-
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue

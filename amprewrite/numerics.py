@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -107,8 +106,7 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
     ``options`` are :func:`amprewrite.transform`'s keywords. Nodes are matched by name between
     the fp32 captured graph and the transformed one (amprewrite keeps the names it captured).
     """
-    inputs = example_inputs if isinstance(example_inputs, Mapping) else (
-        tuple(split_inputs(example_inputs)[0]))
+    inputs = example_inputs
     reference = _record(capture(model, inputs).gm, inputs)
     if gm is None:
         gm = transform(model, dtype=dtype, example_inputs=inputs, **options)

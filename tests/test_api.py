@@ -272,3 +272,12 @@ def test_check_numerics_takes_keyword_example_inputs():
     assert result.finite and 0 < result.output_error < 0.05
     assert {"softmax", "linear"} <= {row.node for row in result.nodes}
     assert amprewrite.find_fp32_nodes(model, inputs, rtol=0.5) == []
+
+
+def test_many_dynamo_transforms_of_one_module_class():
+    """Each export adds a dynamo cache entry to Sequential.forward; past dynamo's recompile limit
+    (8) the ninth transform failed. find_fp32_nodes transforms up to 17 times."""
+    for width in range(4, 16):
+        model = torch.nn.Sequential(torch.nn.Linear(width, 4))
+        gm = amprewrite.transform(model, example_inputs=(torch.randn(2, width),))
+        assert gm(torch.randn(2, width)).shape == (2, 4)

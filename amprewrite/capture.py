@@ -254,30 +254,6 @@ def _register_output_dataclasses(out: object) -> bool:
     return bool(found)
 
 
-def _state_writes(gm: fx.GraphModule, model: nn.Module) -> None:
-    """Refuse graphs that update a floating-point parameter or buffer in place: amprewrite casts
-    those where they are read, and a cast taken before the update would read the old value."""
-    for node in gm.graph.nodes:
-        if not M.is_inplace(node) or not node.args or not isinstance(node.args[0], fx.Node):
-            continue
-        base = node.args[0]
-        if base.op != "get_attr":
-            continue
-        value = _get(gm, str(base.target))
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            kind = "parameter" if isinstance(value, nn.Parameter) else "buffer"
-            where = M.source_line(node)
-            op = getattr(node.target, "__name__", node.target)
-            raise ModelError(
-                f"{type(model).__name__}.forward updates floating-point {kind} "
-                f"'{base.target}' in place ({op}{' at ' + where if where else ''}). amprewrite "
-                "casts parameters and buffers where they are read, so the graph could read a "
-                "value from before the update. "
-                "Move the update out of forward (into the training step, or a hook), or keep "
-                "such state in an integer buffer."
-            )
-
-
 _NEEDS_FLOAT = {"linear", "conv", "matmul"}
 
 
@@ -454,5 +430,4 @@ def capture(model: nn.Module, example_inputs: object = None) -> Capture:
     else:
         args, kwargs = split_inputs(example_inputs)
         result = Capture(_dynamo(model, args, kwargs), "dynamo", model.training)
-    _state_writes(result.gm, model)
     return result

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from . import runtime
+
 __all__ = [
     "FAMILIES",
     "Family",
@@ -253,6 +255,9 @@ _TABLE: list[Family] = [
                  "narrow", "select", "diagonal", "tril", "triu", "__getitem__"],
         numeric=False),
     Family("getitem", N, (operator.getitem,), numeric=False),
+    # Writes made explicit by the functionalize pass: copies of values, exact in any dtype.
+    Family("setitem", N, (runtime.setitem,), numeric=False),
+    Family("write_view", N, (runtime.write_view,), numeric=False),
     _op("shape", N, ["reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
                      "transpose", "swapaxes", "movedim", "t", "broadcast_to", "flip", "roll",
                      "rot90", "clone", "detach", "atleast_1d", "atleast_2d", "atleast_3d",

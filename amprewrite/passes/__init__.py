@@ -17,6 +17,7 @@ from ..errors import AmpRewriteError, PassError
 from ..meta import current_node
 from ..policy import Policy
 from .freeze_dtype_reads import freeze_dtype_reads
+from .functionalize import functionalize
 from .infer_dtypes import infer_dtypes
 from .insert_casts import InsertCasts
 from .normalize import normalize_modules
@@ -37,6 +38,10 @@ def pipeline(policy: Policy) -> list[tuple[str, Pass]]:
         ("normalize_modules", normalize_modules),
         # Needs the get_attr nodes normalize made; everything after reads meta[ORIG].
         ("infer_dtypes", infer_dtypes),
+        # Right after: every later pass may assume no node changes a value another one reads
+        # (casts are placed right after values). Needs dtypes for in-place type promotion and
+        # after normalize, which lowers ReLU(inplace=True) to F.relu(..., inplace=True).
+        ("functionalize", functionalize),
         # Before painting: a frozen x.dtype turns h.to(x.dtype) into a visible conversion.
         ("freeze_dtype_reads", freeze_dtype_reads),
         # Rewrite passes (exact, dtype-independent) go here: painting sees the final ops.

@@ -7,10 +7,6 @@ so that every later pass sees one IR — the one dynamo (and so the torch.compil
 produces — and LOW ops can have their weights cast in the graph. Modules whose behaviour depends
 on ``module.training`` (BatchNorm, Dropout) stay ``call_module`` so ``gm.train()``/``gm.eval()``
 switch them at run time; so do subclasses (their ``forward`` may differ) and hooked modules.
-
-Also: after an in-place op ``y = x.mul_(2)``, later readers of ``x`` read ``y`` (the same
-tensor). The graph then says what the program does — they read the value after the update — so
-a cast inserted for them is taken after the update, not hoisted above it.
 """
 
 from __future__ import annotations
@@ -133,21 +129,6 @@ def normalize_modules(gm: fx.GraphModule) -> PassResult:
         record(gm, new, "normalize_modules", f"call_module {type(mod).__name__} -> "
                f"{getattr(target, '__name__', target)}", "one functional IR for every pass")
         changed = True
-    changed |= _alias_inplace_results(graph)
     # The lowered modules stay in gm (unused): they hold the parameters under their names.
     return PassResult(gm, changed)
 
-
-def _alias_inplace_results(graph: fx.Graph) -> bool:
-    """Readers of ``x`` after ``y = x.op_(...)`` read ``y`` instead (see module docstring)."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
-    changed = False
-    for node in graph.nodes:
-        if not (M.is_inplace(node) and node.args and isinstance(node.args[0], fx.Node)):
-            continue
-        base = node.args[0]
-        for user in list(base.users):
-            if user is not node and order[user] > order[node]:
-                user.replace_input_with(base, node)
-                changed = True
-    return changed

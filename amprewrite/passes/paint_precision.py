@@ -95,6 +95,7 @@ class PaintPrecision:
         elif (forced := node.meta.get(M.FORCE)) is not None:
             cls, why = forced
         elif M.is_inplace(node):
+            # After functionalize, only writes into a private clone or back into a graph input.
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta["amp_tied"] = True
         elif (target := _conversion_target(node)) is not None:
@@ -128,6 +129,8 @@ class PaintPrecision:
             cls = node.meta.get(M.CLASS)
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
             ends = cls == Precision.LOW or (fam is not None and fam.bounded)
+            if M.is_inplace(node):
+                continue  # runs in the dtype of the tensor it writes, whatever its class
             node.meta[M.CLASS] = Precision.FP32
             node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
             node.meta.pop("amp_tied", None)
@@ -155,8 +158,8 @@ class PaintPrecision:
 
     def _override(self, node: fx.Node) -> None:
         cls = node.meta.get(M.CLASS)
-        if cls in (None, Precision.NONFLOAT):
-            return
+        if cls in (None, Precision.NONFLOAT) or M.is_inplace(node):
+            return  # an in-place op (after functionalize: on a private copy) stays tied to it
         for sel in self.policy.keep_fp32:
             if matches(node, sel):
                 node.meta[M.CLASS] = Precision.FP32

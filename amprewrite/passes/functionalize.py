@@ -1,0 +1,497 @@
+"""functionalize: every in-place write becomes explicit data flow.
+
+After this pass no node changes a value another node reads (the one exception: a closing
+``copy_`` into each graph input the model writes to). Every later pass may therefore assume
+what the cast plan needs: a value is fixed once its node has run, so a cast placed right after
+it reads what every consumer reads.
+
+Matches (dynamo graph of ``h = lin(x); h[:, 0].mul_(2); t = h.t(); h.exp_(); lin(h) + t``)::
+
+    h = linear(x, w);  v = h[:, 0];  m = v.mul_(2);  t = h.t();  e = h.exp_();  y = linear(e, w)
+
+Rewrite to::
+
+    h = linear(x, w);  v = h[:, 0];  m = v.mul(2)
+    h1 = write_view(h, m, (("__getitem__", ((slice(None), 0),), {}),))   # h with v written
+    t = h.t()                     # created before the write, so it is re-derived when read
+    e = h1.exp()                  # in-place op -> out-of-place op: it gets that op's class
+    y = linear(e, w);  t1 = e.t();  out = y + t1
+
+Rules:
+
+- an in-place op (``x.op_``, ``x += y``, ``x[i] = v``, ``out=``, ``inplace=True``) becomes its
+  out-of-place op (or, without one, the same op on a private ``clone``), with a conversion back
+  to the written tensor's dtype where PyTorch's promotion would widen it;
+- a write into a view also updates its base: ``write_view`` replays the view chain on a copy;
+- a read of any alias (the base or a view of it) after a write reads the new value: views are
+  re-derived from the new base by replaying their view ops;
+- which values alias which comes from dynamo's fake tensors (two values alias when they share
+  a storage: exact, even for ``reshape``/``contiguous``/``to``); for symbolic traces from a table
+  of view ops. Where aliasing cannot be known (a symbolic ``reshape`` whose source is read after
+  a write) or replayed (``broadcast_tensors``), the transform refuses with a clear error rather
+  than guess;
+- writes to graph inputs are kept: a final ``input.copy_(new value)``; writes to float
+  parameters or buffers are refused (amprewrite casts those where they are read).
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.infra.pass_base import PassResult
+
+from .. import meta as M
+from ..errors import ModelError
+from ..meta import ValueInfo, info
+from ..report import record
+from ..runtime import setitem, write_view
+
+__all__ = ["functionalize"]
+
+_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub,
+              operator.imul: operator.mul, operator.itruediv: operator.truediv,
+              operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
+              operator.ipow: operator.pow, operator.iand: operator.and_,
+              operator.ior: operator.or_, operator.ixor: operator.xor,
+              operator.ilshift: operator.lshift, operator.irshift: operator.rshift,
+              operator.imatmul: operator.matmul}
+# Methods ending in "_" that do not write tensor data.
+_NOT_WRITES = {"requires_grad_", "share_memory_", "retain_grad_"}
+# In-place ops whose name without "_" means something else (or nothing): run on a clone.
+_NO_COUNTERPART = {"bernoulli_", "random_", "normal_", "uniform_", "exponential_",
+                   "geometric_", "log_normal_", "cauchy_", "fill_", "zero_", "copy_",
+                   "fill_diagonal_", "index_fill_", "map_", "apply_"}
+# In-place changes of shape/strides rather than data.
+_METADATA_WRITES = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_",
+                    "swapaxes_", "resize_", "resize_as_", "set_", "detach_"}
+
+# View ops for graphs without fake values (symbolic traces): the result shares its input's
+# storage. Maybe-views may or may not (reshape of a non-contiguous tensor copies).
+_VIEWS = {"view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "select",
+          "narrow", "diagonal", "expand", "expand_as", "unflatten", "movedim", "moveaxis",
+          "swapaxes", "swapdims", "as_strided", "unfold", "split", "chunk", "unbind",
+          "tensor_split", "split_with_sizes", "hsplit", "vsplit", "dsplit", "real", "imag",
+          "detach", "alias", "view_as_real", "view_as_complex", "T", "mT", "H", "mH", "data",
+          "requires_grad_"}
+_MAYBE_VIEWS = {"reshape", "reshape_as", "flatten", "contiguous", "to", "type", "type_as",
+                "float", "double", "half", "bfloat16", "cpu", "cuda"}
+_CONVERSIONS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}
+# Ops returning views of several inputs: aliases amprewrite cannot re-derive.
+_MULTI_VIEWS = {"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"}
+_PROVENANCE = (M.MODULE_PATH, M.MODULE_TYPES, "stack_trace", "nn_module_stack")
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    if node.target is builtins.getattr and len(node.args) > 1:
+        return str(node.args[1])
+    if node.target is operator.getitem:
+        return "__getitem__"
+    return getattr(node.target, "__name__", "")
+
+
+def _storages(value: object) -> set[int]:
+    if isinstance(value, torch.Tensor):
+        try:
+            return {value.untyped_storage()._cdata}
+        except Exception:  # sparse, nested or otherwise storage-less tensors
+            return set()
+    if isinstance(value, (tuple, list)):
+        return set().union(*(_storages(v) for v in value))
+    return set()
+
+
+def _fake(node: fx.Node) -> object:
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _is_tensorish(node: fx.Node) -> bool:
+    v = info(node)
+    if v.kind == "seq":  # a tuple of views (split, chunk), possibly of unknown length
+        return any(i.kind == "tensor" for i in v.items) or (not v.items and v.dtype is not None)
+    return v.kind == "tensor"
+
+
+@dataclass
+class _Write:
+    """An in-place node: which tensor it writes, and how to compute the written value."""
+
+    target: fx.Node  # the tensor written
+    kind: str  # "method", "operator", "function", "setitem", "out", "flag"
+
+
+def _inplace_flag(node: fx.Node) -> bool:
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op != "call_function" or not callable(node.target):
+        return False
+    try:
+        params = list(inspect.signature(node.target).parameters)
+    except (TypeError, ValueError):
+        return False
+    if "inplace" in params:
+        i = params.index("inplace")
+        return len(node.args) > i and node.args[i] is True
+    return False
+
+
+def _write_of(node: fx.Node) -> _Write | None:
+    """The write ``node`` makes, or None when it writes nothing."""
+    if node.op not in ("call_method", "call_function") or not node.args:
+        return None
+    first = node.args[0]
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return _Write(out, "out")
+    if not isinstance(first, fx.Node) or info(first).kind != "tensor":
+        return None
+    if node.target is operator.setitem:
+        return _Write(first, "setitem")
+    if node.target in _OPERATORS:
+        return _Write(first, "operator")
+    name = _op_name(node)
+    if name in _NOT_WRITES:
+        return None
+    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
+        return _Write(first, "method" if node.op == "call_method" else "function")
+    if _inplace_flag(node):
+        return _Write(first, "flag")
+    return None
+
+
+def _unsupported(node: fx.Node, why: str) -> ModelError:
+    where = M.source_line(node)
+    return ModelError(
+        f"amprewrite cannot make the in-place write {node.format_node()}"
+        f"{' at ' + where if where else ''} explicit: {why}. A graph that reads around an "
+        "in-place write could return a silently wrong result, so the transform stops. Write "
+        "that line out of place (y = x.op(...) instead of x.op_(...)) or pass "
+        "example_inputs=(...) so dynamo records which tensors alias."
+    )
+
+
+@dataclass
+class _State:
+    """Alias facts while walking the graph in order."""
+
+    order: dict[fx.Node, int]
+    root: dict[fx.Node, fx.Node] = field(default_factory=dict)  # node -> storage (its root)
+    parent: dict[fx.Node, fx.Node] = field(default_factory=dict)  # view -> what it views
+    opaque: set[fx.Node] = field(default_factory=set)  # aliases that cannot be re-derived
+    uncertain: dict[fx.Node, fx.Node] = field(default_factory=dict)  # root -> maybe-alias src
+    version: dict[fx.Node, int] = field(default_factory=dict)  # root -> writes so far
+    current: dict[fx.Node, fx.Node] = field(default_factory=dict)  # root -> latest value
+    stamp: dict[fx.Node, int] = field(default_factory=dict)  # node -> version it was read at
+    cache: dict[tuple[fx.Node, int], fx.Node] = field(default_factory=dict)
+    written: dict[fx.Node, None] = field(default_factory=dict)  # roots written, in order
+
+
+def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]:
+    """(what ``node`` aliases, whether that is certain, whether it can be re-derived)."""
+    tensors = [a for a in node.all_input_nodes if a in st.root]
+    if not tensors:
+        return None, True, True
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    fake = _fake(node)
+    if fake is not None and all(_fake(a) is not None for a in tensors):
+        mine = _storages(fake)
+        shared = [a for a in tensors if mine & _storages(_fake(a))]
+        if not shared:
+            return None, True, True
+        if shared == [first] and first is not None:
+            return first, True, True
+        return shared[0], True, False
+    name = _op_name(node)
+    if first is None or first not in st.root:
+        return None, True, True
+    if name in _MULTI_VIEWS:
+        return first, True, False
+    if name == "__getitem__":
+        if info(first).kind == "seq":
+            return first, True, True
+        index: list = []
+        fx.node.map_arg(node.args[1:], lambda n: index.append(n) or n)
+        advanced = any(info(n).kind == "tensor" for n in index)  # x[idx] copies
+        return (None, True, True) if advanced else (first, True, True)
+    if name in _VIEWS:
+        return first, True, True
+    if name in _MAYBE_VIEWS:
+        src, dst = info(first).dtype, info(node).dtype
+        if name in _CONVERSIONS and src is not None and dst is not None:
+            return (first, True, True) if src == dst else (None, True, True)
+        return first, False, True
+    return None, True, True
+
+
+class _Functionalizer:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm, self.graph = gm, gm.graph
+        self.st = _State({n: i for i, n in enumerate(self.graph.nodes)})
+        self.changed = False
+
+    # -- reading values --------------------------------------------------------------------
+    def _stale(self, a: fx.Node) -> bool:
+        r = self.st.root.get(a)
+        return r is not None and self.st.stamp.get(a, 0) < self.st.version.get(r, 0)
+
+    def _fresh(self, a: fx.Node, before: fx.Node) -> fx.Node:
+        """The current value of alias ``a``, re-derived from its root's latest value."""
+        st = self.st
+        r = st.root[a]
+        v = st.version.get(r, 0)
+        if not self._stale(a):
+            return a
+        if (a, v) in st.cache:
+            return st.cache[(a, v)]
+        if a in st.opaque:
+            raise _unsupported(before, f"'{a.name}' aliases '{r.name}', which an earlier "
+                               "in-place op wrote, through an op whose view amprewrite cannot "
+                               "replay")
+        if a not in st.parent:
+            new = st.current[r]
+        else:
+            p = self._fresh(st.parent[a], before)
+            with self.graph.inserting_before(before):
+                new = self.graph.node_copy(a, lambda n: p if n is st.parent[a] else n)
+            st.root[new], st.parent[new], st.stamp[new] = r, p, v
+        st.cache[(a, v)] = new
+        return new
+
+    # -- the walk --------------------------------------------------------------------------
+    def run(self) -> bool:
+        for node in M.each_node(self.graph):
+            if node.op == "output":
+                self._refresh_inputs(node)
+                self._epilogue(node)
+                continue
+            if node.op == "call_module":
+                self._module(node)
+            self._refresh_inputs(node)
+            write = _write_of(node)
+            if write is not None and write.target in self.st.root:
+                self._write(node, write)
+            elif _is_tensorish(node):
+                self._track(node)
+        return self.changed
+
+    def _refresh_inputs(self, node: fx.Node) -> None:
+        for a in list(node.all_input_nodes):
+            if a in self.st.root and self._stale(a):
+                node.replace_input_with(a, self._fresh(a, node))
+                self.changed = True
+
+    def _track(self, node: fx.Node) -> None:
+        st = self.st
+        parent, certain, replayable = _view_parent(node, st)
+        if parent is None:
+            st.root[node] = node
+            return
+        r = st.root[parent]
+        if not certain:  # a new storage as far as we can tell; remember where it came from
+            st.root[node] = node
+            st.uncertain[node] = parent
+            return
+        st.root[node] = r
+        st.stamp[node] = st.version.get(r, 0)
+        st.parent[node] = parent
+        if not replayable or parent in st.opaque:
+            st.opaque.add(node)
+
+    def _module(self, node: fx.Node) -> None:
+        """A leaf module with ``inplace=True`` (ReLU, Dropout): its graph copy computes out of
+        place (capture gave the graph its own module objects, so the caller's are untouched)."""
+        mod = self.gm.get_submodule(str(node.target))
+        if getattr(mod, "inplace", False) is True:
+            mod.inplace = False
+            record(self.gm, node, "functionalize", f"{type(mod).__name__}(inplace=True) -> "
+                   "out of place", "a later reader of the input must see the input")
+            self.changed = True
+
+    # -- writes ----------------------------------------------------------------------------
+    def _write(self, node: fx.Node, write: _Write) -> None:
+        st = self.st
+        a = write.target
+        r = st.root[a]
+        self._check_writable(node, a, r)
+        value = self._functional(node, write)
+        if a is r or a not in st.parent:
+            new_root = value
+        else:
+            steps, base = self._steps(a)
+            with self.graph.inserting_before(node):
+                new_root = self.graph.call_function(write_view, (base, value, steps))
+            self._meta(new_root, node, info(r))
+        st.version[r] = st.version.get(r, 0) + 1
+        v = st.version[r]
+        st.current[r] = new_root
+        st.root[new_root] = r
+        st.stamp[new_root] = v
+        st.cache[(a, v)] = value
+        st.cache[(r, v)] = new_root
+        st.written[r] = None
+        for user in list(node.users):
+            user.replace_input_with(node, a)  # read the written tensor: re-derived when read
+        what = _op_name(node) if node.target is not operator.setitem else "setitem"
+        record(self.gm, value, "functionalize", f"{what} on {a.name} -> "
+               f"{_op_name(value) or value.name}"
+               + (f" + write_view into {r.name}" if new_root is not value else ""),
+               "in-place write made explicit: later readers read the new value")
+        self.graph.erase_node(node)
+        self.changed = True
+
+    def _check_writable(self, node: fx.Node, a: fx.Node, r: fx.Node) -> None:
+        st = self.st
+        if a in st.opaque:
+            raise _unsupported(node, f"it writes '{a.name}', a view amprewrite cannot replay")
+        if _op_name(node) in _METADATA_WRITES:
+            raise _unsupported(node, "it changes the tensor's shape or storage, not its values")
+        if r.op == "get_attr":
+            value = _resolve(self.gm, r)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                kind = "parameter" if isinstance(value, nn.Parameter) else "buffer"
+                where = M.source_line(node)
+                raise ModelError(
+                    f"{type(self.gm).__name__}.forward updates floating-point {kind} "
+                    f"'{r.target}' in place ({_op_name(node)}{' at ' + where if where else ''}"
+                    "). amprewrite casts parameters and buffers where they are read, so the "
+                    "graph could read a value from before the update. Move the update out of "
+                    "forward (into the training step, or a hook), or keep such state in an "
+                    "integer buffer."
+                )
+        src = st.uncertain.get(r)
+        while src is not None:  # a symbolic maybe-view: refuse only where it could matter
+            base = st.root.get(src, src)
+            later = [u for n, rr in st.root.items() if rr is base for u in n.users
+                     if st.order.get(u, -1) > st.order[node]]
+            if base.op in ("placeholder", "get_attr") or later:
+                raise _unsupported(node, f"it writes '{a.name}', which may or may not share "
+                                   f"memory with '{src.name}' (a {_op_name(r)} copies only "
+                                   "when it must), and that tensor is read again")
+            src = st.uncertain.get(base)
+
+    def _steps(self, a: fx.Node) -> tuple[tuple, fx.Node]:
+        """The view chain from ``a``'s root value to ``a``, as data for ``write_view``."""
+        chain = []
+        n = a
+        while n in self.st.parent:
+            chain.append(n)
+            n = self.st.parent[n]
+        steps = []
+        for view in reversed(chain):
+            name = _op_name(view)
+            if name in _CONVERSIONS or name == "contiguous":
+                continue  # identities wherever they alias (x.float() of a float x is x)
+            if name in ("reshape", "reshape_as"):
+                name = name.replace("reshape", "view")  # fails loudly where it would copy
+            if view.op == "call_function" and view.target is builtins.getattr:
+                steps.append((name, (), {}))
+            else:
+                if not hasattr(torch.Tensor, name):
+                    raise _unsupported(view, f"'{name}' has no Tensor method to replay it with")
+                steps.append((name, tuple(view.args[1:]), dict(view.kwargs)))
+        r = self.st.root[a]
+        return tuple(steps), self.st.current.get(r, r)
+
+    def _functional(self, node: fx.Node, write: _Write) -> fx.Node:
+        """Insert the out-of-place computation of what ``node`` writes; return its node."""
+        g = self.graph
+        args, kwargs = node.args, dict(node.kwargs)
+        a = write.target
+        name = _op_name(node)
+        with g.inserting_before(node):
+            if write.kind == "setitem":
+                value = g.call_function(setitem, tuple(args))
+            elif write.kind == "operator":
+                value = g.call_function(_OPERATORS[node.target], tuple(args), kwargs)
+            elif write.kind == "out":
+                kwargs.pop("out")
+                value = g.create_node(node.op, node.target, tuple(args), kwargs)
+            elif write.kind == "flag":
+                kwargs["inplace"] = False
+                params = list(inspect.signature(node.target).parameters)
+                if "inplace" in params and len(args) > params.index("inplace"):
+                    args = tuple(args[:params.index("inplace")])
+                value = g.call_function(node.target, tuple(args), kwargs)
+            else:
+                value = self._counterpart(node, name, args, kwargs)
+        self._meta(value, node, info(a))
+        if write.kind in ("operator", "method", "function", "out"):
+            value = self._keep_dtype(node, value, a)
+        return value
+
+    def _counterpart(self, node: fx.Node, name: str, args: tuple, kwargs: dict) -> fx.Node:
+        g = self.graph
+        plain = name[:-1]
+        function = _function_counterpart(node.target) if node.op == "call_function" else None
+        if function is not None:
+            return g.call_function(function, args, kwargs)
+        if name not in _NO_COUNTERPART and hasattr(torch.Tensor, plain):
+            return g.call_method(plain, args, kwargs)
+        # No out-of-place form with the same meaning: the same op on a private copy.
+        clone = g.call_method("clone", (args[0],))
+        self._meta(clone, node, info(args[0]))
+        return g.create_node(node.op, node.target, (clone, *args[1:]), kwargs)
+
+    def _keep_dtype(self, node: fx.Node, value: fx.Node, a: fx.Node) -> fx.Node:
+        """In-place ops keep the written tensor's dtype; the out-of-place op may promote."""
+        want = info(a).dtype
+        if want is None:
+            return value
+        promoted = want
+        for other in [*node.args[1:], *node.kwargs.values()]:
+            oi = info(other) if isinstance(other, fx.Node) else None
+            if oi is not None and oi.kind == "tensor" and oi.dtype is not None and oi.shape != ():
+                promoted = torch.promote_types(promoted, oi.dtype)
+        if promoted == want:
+            return value
+        value.meta[M.ORIG] = ValueInfo("tensor", promoted, info(a).numel, shape=info(a).shape)
+        with self.graph.inserting_after(value):
+            conv = self.graph.call_method("to", (value, want))
+        self._meta(conv, node, info(a))
+        return conv
+
+    def _meta(self, new: fx.Node, like: fx.Node, value: ValueInfo) -> None:
+        new.meta.update({k: like.meta[k] for k in _PROVENANCE if k in like.meta})
+        new.meta[M.ORIG] = value
+
+    def _epilogue(self, output: fx.Node) -> None:
+        """Writes to graph inputs stay visible to the caller: copy the final value back."""
+        for r in self.st.written:
+            if r.op != "placeholder" and r.op != "get_attr":
+                continue
+            final = self.st.current[r]
+            with self.graph.inserting_before(output):
+                back = self.graph.call_method("copy_", (r, final))
+            self._meta(back, r, info(r))
+            record(self.gm, back, "functionalize", f"copy the new value of {r.name} back",
+                   "the model writes this input in place; the caller sees the write")
+
+
+def _resolve(gm: fx.GraphModule, node: fx.Node) -> object:
+    obj: object = gm
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _function_counterpart(fn: object) -> object | None:
+    """``torch.relu_`` -> ``torch.relu``, ``F.elu_`` -> ``F.elu``: the out-of-place function
+    next to an in-place one in the same namespace, if there is one."""
+    name = getattr(fn, "__name__", "")
+    for space in (torch, F, torch._C._nn, torch.special, torch.linalg):
+        if getattr(space, name, None) is fn:
+            return getattr(space, name[:-1], None)
+    return None
+
+
+def functionalize(gm: fx.GraphModule) -> PassResult:
+    """Rewrite in-place writes as out-of-place data flow (see the module docstring)."""
+    changed = _Functionalizer(gm).run()
+    return PassResult(gm, changed)

@@ -115,7 +115,7 @@ def _fake(node: fx.Node) -> object:
 def _is_tensorish(node: fx.Node) -> bool:
     v = info(node)
     if v.kind == "seq":  # a tuple of views (split, chunk), possibly of unknown length
-        return any(i.kind == "tensor" for i in v.items) or (not v.items and v.dtype is not None)
+        return any(i.kind == "tensor" for i in v.items) or not v.items
     return v.kind == "tensor"
 
 
@@ -191,6 +191,7 @@ class _State:
     stamp: dict[fx.Node, int] = field(default_factory=dict)  # node -> version it was read at
     cache: dict[tuple[fx.Node, int], fx.Node] = field(default_factory=dict)
     written: dict[fx.Node, None] = field(default_factory=dict)  # roots written, in order
+    attrs: dict[str, fx.Node] = field(default_factory=dict)  # get_attr target -> first read
 
 
 def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]:
@@ -289,7 +290,14 @@ class _Functionalizer:
 
     def _track(self, node: fx.Node) -> None:
         st = self.st
+        if node.op == "get_attr":  # every read of one attribute is the same tensor
+            first = st.attrs.setdefault(str(node.target), node)
+            st.root[node] = st.root.get(first, node)
+            st.stamp[node] = 0  # reads the tensor, so its value as of the latest write
+            return
         parent, certain, replayable = _view_parent(node, st)
+        if parent is not None and info(parent).kind == "seq" and parent not in st.parent:
+            parent = None  # an item of a fresh tuple (topk's values): a storage of its own
         if parent is None:
             st.root[node] = node
             return
@@ -352,7 +360,7 @@ class _Functionalizer:
             raise _unsupported(node, f"it writes '{a.name}', a view amprewrite cannot replay")
         if _op_name(node) in _METADATA_WRITES:
             raise _unsupported(node, "it changes the tensor's shape or storage, not its values")
-        if r.op == "get_attr":
+        if r.op == "get_attr" and not _traced_constant(r):
             value = _resolve(self.gm, r)
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 kind = "parameter" if isinstance(value, nn.Parameter) else "buffer"
@@ -434,6 +442,10 @@ class _Functionalizer:
             return g.call_function(function, args, kwargs)
         if name not in _NO_COUNTERPART and hasattr(torch.Tensor, plain):
             return g.call_method(plain, args, kwargs)
+        if name == "zero_" and not kwargs:
+            return g.call_function(torch.zeros_like, (args[0],))
+        if name == "fill_" and len(args) == 2 and isinstance(args[1], (int, float, bool)):
+            return g.call_function(torch.full_like, (args[0], args[1]))
         # No out-of-place form with the same meaning: the same op on a private copy.
         clone = g.call_method("clone", (args[0],))
         self._meta(clone, node, info(args[0]))
@@ -464,7 +476,7 @@ class _Functionalizer:
     def _epilogue(self, output: fx.Node) -> None:
         """Writes to graph inputs stay visible to the caller: copy the final value back."""
         for r in self.st.written:
-            if r.op != "placeholder" and r.op != "get_attr":
+            if r.op not in ("placeholder", "get_attr") or _traced_constant(r):
                 continue
             final = self.st.current[r]
             with self.graph.inserting_before(output):
@@ -472,6 +484,12 @@ class _Functionalizer:
             self._meta(back, r, info(r))
             record(self.gm, back, "functionalize", f"copy the new value of {r.name} back",
                    "the model writes this input in place; the caller sees the write")
+
+
+def _traced_constant(node: fx.Node) -> bool:
+    """A tensor symbolic tracing made by running ``torch.zeros(4, 8)`` once: the model makes
+    it anew on every call, so a write into it is a local value, not a state update."""
+    return node.op == "get_attr" and str(node.target).startswith("_tensor_constant")
 
 
 def _resolve(gm: fx.GraphModule, node: fx.Node) -> object:

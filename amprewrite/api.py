@@ -11,7 +11,7 @@ import torch
 from torch import fx, nn
 
 from . import meta as M
-from .capture import capture
+from .capture import DynamoGraphModule, capture
 from .errors import ModelError, PolicyError
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
@@ -32,6 +32,8 @@ def transform(
     keep_io_dtype: bool = True,
     upsample: str = "auto",
     device: torch.device | str | None = None,
+    on_new_shape: str = "transform",
+    verify: bool = True,
 ) -> fx.GraphModule:
     """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
 
@@ -55,6 +57,13 @@ def transform(
             ``"never"`` none.
         device: the device the graph will run on; defaults to the model's. Kernel probes run
             there.
+        on_new_shape: with ``example_inputs``, what a call with inputs the graph was not
+            captured for does (other sizes, other non-tensor arguments): ``"transform"`` runs
+            it on a graph transformed for them (made once per new shape class, dimensions that
+            changed become dynamic; cached on ``gm``); ``"error"`` raises ``ShapeError``.
+        verify: with ``example_inputs``, run the fp32 model, autocast and the graph once on
+            them and raise ``VerificationError`` (naming the first node that departs from
+            fp32) when the graph's error is far beyond autocast's. See docs/guide.md.
 
     Example:
         >>> import torch, amprewrite
@@ -67,7 +76,8 @@ def transform(
     """
     policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
-                    keep_io_dtype=keep_io_dtype, upsample=upsample, device=device)
+                    keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
+                    on_new_shape=on_new_shape, verify=verify)
     return transform_with(model, policy, example_inputs)
 
 
@@ -102,6 +112,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
     rep.decisions = _decisions(gm, policy)
     rep.notes += _notes(gm, captured.method)
+    if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
+        gm._amp_source = (model, policy)  # to transform again for inputs of other shapes
     rep.timings["total"] = time.perf_counter() - start
     return gm
 

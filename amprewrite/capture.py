@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import logging
 import os
+import time
 import traceback
 import warnings
 from collections.abc import Mapping
@@ -29,9 +30,10 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from . import meta as M
-from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError
+from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError, ShapeError
 from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
+from .shapes import InputGuard, flat_inputs
 
 __all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
 
@@ -40,12 +42,26 @@ _OWN_DIR = os.path.dirname(__file__)
 
 
 class DynamoGraphModule(fx.GraphModule):
-    """A GraphModule captured by dynamo, which bakes the train/eval mode into the graph.
+    """A GraphModule captured by dynamo, which bakes the train/eval mode, the input sizes and
+    the non-tensor arguments into the graph.
 
-    Switching it to the other mode raises instead of silently running the captured one.
+    Switching it to the other mode raises instead of silently running the captured one. Each
+    call checks its inputs against the capture's guards (:mod:`amprewrite.shapes`); inputs the
+    graph was not captured for run on a graph transformed for them (made once, then cached),
+    or raise :class:`~amprewrite.errors.ShapeError`.
     """
 
     _amp_captured_training: bool | None = None
+    _amp_inputs: InputGuard | None = None
+    # (model, policy) to transform again for new inputs; None: raise instead.
+    _amp_source: tuple | None = None
+    _amp_variants: tuple[fx.GraphModule, ...] = ()
+
+    def __call__(self, *args, **kwargs):
+        target = _select(self, args, kwargs)
+        if target is self:
+            return super().__call__(*args, **kwargs)
+        return target(*args, **kwargs)
 
     def train(self, mode: bool = True):
         captured = self._amp_captured_training
@@ -58,6 +74,85 @@ class DynamoGraphModule(fx.GraphModule):
                 "transform without example_inputs (symbolic tracing keeps the mode switchable)."
             )
         return super().train(mode)
+
+
+def _select_impl(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """The graph to run these inputs on: ``gm``, a cached variant, or a new one."""
+    guard = gm._amp_inputs
+    if guard is None:
+        return gm
+    flat = flat_inputs(gm, args, kwargs)
+    if guard.accepts(flat):
+        return gm
+    for variant in gm._amp_variants:
+        if variant._amp_inputs is None or variant._amp_inputs.accepts(flat_inputs(variant, args,
+                                                                                  kwargs)):
+            return variant
+    why = guard.explain(flat)
+    if gm._amp_source is None:
+        raise ShapeError(
+            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
+            "Running it anyway could fail inside the graph or return a result for the captured "
+            "inputs. Transform the model again with example_inputs of this shape (or with "
+            "on_new_shape='transform', the default, to let amprewrite do so when called)."
+        )
+    model, policy = gm._amp_source
+    if policy.on_new_shape == "error":
+        raise ShapeError(
+            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
+            "It was transformed with on_new_shape='error'. Transform again with "
+            "example_inputs of the shapes you will call it with, or pass "
+            "on_new_shape='transform' to transform once per new shape class automatically."
+        )
+    variant = _transform_for(gm, model, policy, args, kwargs, flat, why)
+    gm._amp_variants = (*gm._amp_variants, variant)
+    return variant
+
+
+_select = torch._dynamo.disable(_select_impl)  # under torch.compile: decided eagerly
+
+
+def _transform_for(gm, model, policy, args, kwargs, flat, why) -> fx.GraphModule:
+    """Transform ``model`` again for new inputs; dimensions that changed become dynamic, so one
+    new graph serves every size of them (torch.compile's automatic dynamic shapes)."""
+    from .api import transform_with
+
+    if len(gm._amp_variants) >= _MAX_VARIANTS:
+        raise ShapeError(
+            f"{type(gm).__name__} was called with inputs it was not captured for ({why}) and "
+            f"has been transformed for {_MAX_VARIANTS} other input shapes already; amprewrite "
+            "stops there, as torch.compile does. Pass example_inputs with the shapes you use, "
+            "or check that the call's non-tensor arguments do not change on every call."
+        )
+    dynamic = gm._amp_inputs.changed_dims(flat)
+    for earlier in gm._amp_variants:  # and what earlier variants made dynamic
+        for i, dims in earlier._amp_inputs.changed_dims(flat, only_dynamic=True).items():
+            dynamic[i] = sorted({*dynamic.get(i, ()), *dims})
+    marked = {}
+    for i, dims in dynamic.items():
+        t = flat[i].clone()
+        for d in dims:
+            torch._dynamo.mark_dynamic(t, d)
+        marked[id(flat[i])] = t
+    args, kwargs = pytree.tree_map(lambda v: marked.get(id(v), v), (args, kwargs))
+    example = kwargs if not args else (args if not kwargs else None)
+    if example is None:  # both: bind everything by name
+        example = dict(inspect.signature(gm.forward).bind(*args, **kwargs).arguments)
+    start = time.perf_counter()
+    try:
+        variant = transform_with(model, policy, example)
+    except CaptureError as exc:
+        raise ShapeError(
+            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
+            f"Transforming the model again for them failed: {exc}"
+        ) from None
+    _log.info("amprewrite: transformed %s again for new inputs (%s) in %.1f s",
+              type(model).__name__, why, time.perf_counter() - start)
+    return variant
+
+
+_MAX_VARIANTS = 8
+_log = logging.getLogger("amprewrite")
 
 
 @dataclass
@@ -191,6 +286,7 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 node.target = names[id(obj)]
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
+    gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
     _operand_dtypes(gm, model)
     return gm
 
@@ -214,7 +310,10 @@ def _export(model: nn.Module, args: tuple, kwargs: dict):
         warnings.simplefilter("ignore")
         # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
         # the copy, never on the caller's modules (dynamo would leave FakeTensors there).
-        return torch._dynamo.export(share_copy(model))(*args, **kwargs)
+        # Static by default (fast, and a graph for exactly these sizes); dimensions the caller
+        # marked dynamic (a re-capture for new sizes) stay symbolic.
+        return torch._dynamo.export(share_copy(model), assume_static_by_default=True)(
+            *args, **kwargs)
 
 
 def _eager_run(model: nn.Module, args: tuple, kwargs: dict) -> tuple[str | None, object]:
@@ -418,6 +517,7 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     training = getattr(gm, "_amp_captured_training", None)
     if isinstance(new, DynamoGraphModule):
         new._amp_captured_training = training
+        new._amp_inputs = gm._amp_inputs
     return Capture(new, gm.meta[REPORT_KEY].capture, training)
 
 

@@ -9,6 +9,8 @@ __all__ = [
     "ModelError",
     "PassError",
     "PolicyError",
+    "ShapeError",
+    "VerificationError",
 ]
 
 
@@ -34,3 +36,11 @@ class PassError(AmpRewriteError, RuntimeError):
 
 class ModelError(AmpRewriteError, TypeError):
     """The object passed as a model cannot be transformed (not a Module, meta tensors, ...)."""
+
+
+class ShapeError(AmpRewriteError, ValueError):
+    """A graph was called with inputs it was not captured for and cannot be re-captured for."""
+
+
+class VerificationError(AmpRewriteError, RuntimeError):
+    """The transformed graph's output is far from fp32's, beyond what autocast's is."""

@@ -89,8 +89,13 @@ OTHER = ValueInfo("other")
 
 
 def _int_or_none(x: object) -> int | None:
+    if isinstance(x, torch.SymInt):
+        # The example's size, read without a guard: int(SymInt) would specialise the dynamic
+        # dimension to it in dynamo's shape environment. Unbacked sizes have no hint.
+        hint = getattr(x.node, "hint", None)
+        return None if hint is None else int(hint)
     try:
-        return int(x)  # SymInt with a hint converts; unbacked ones raise
+        return int(x)
     except Exception:
         return None
 

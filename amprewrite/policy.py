@@ -86,6 +86,10 @@ class Policy:
     keep_io_dtype: bool = True
     upsample: Literal["auto", "always", "never"] = "auto"
     device: torch.device | None = None  # the device the graph will run on (for kernel probes)
+    # With example inputs: what a call with inputs the graph was not captured for does.
+    on_new_shape: Literal["transform", "error"] = "transform"
+    # With example inputs: compare the graph against fp32 and autocast before returning it.
+    verify: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -116,5 +120,13 @@ class Policy:
             except (RuntimeError, TypeError):
                 raise PolicyError(f"device must name a torch device such as 'cuda' or 'cpu', "
                                   f"got {self.device!r}.") from None
+        if self.on_new_shape not in ("transform", "error"):
+            raise PolicyError(
+                f"on_new_shape must be 'transform' (transform again, once per new shape class, "
+                f"when called with inputs the graph was not captured for) or 'error' (raise "
+                f"ShapeError instead), got {self.on_new_shape!r}."
+            )
+        if not isinstance(self.verify, bool):
+            raise PolicyError(f"verify must be True or False, got {self.verify!r}.")
         if not isinstance(self.keep_io_dtype, bool):
             raise PolicyError(f"keep_io_dtype must be True or False, got {self.keep_io_dtype!r}.")

@@ -374,7 +374,8 @@ def test_mutation_pattern_matches_fp32(pattern, capture, dtype):
         if M.is_inplace(node):
             base = node.args[0]
             private = base.target == "clone" and list(base.users) == [node]
-            assert private or (node.target == "copy_" and base.op == "placeholder"), node.format_node()
+            copy_back = node.target == "copy_" and base.op == "placeholder"
+            assert private or copy_back, node.format_node()
 
 
 @pytest.mark.parametrize("pattern", [ExpInplace, PowInplace, ClampLogInplace])
@@ -468,5 +469,5 @@ class ParamWrite(nn.Module):
 
 @pytest.mark.parametrize("capture", ["dynamo", "symbolic"])
 def test_write_to_float_parameter_through_view_refused(capture):
-    with pytest.raises(ModelError, match="updates floating-point parameter 'l.weight'"):
+    with pytest.raises(ModelError, match=r"updates floating-point parameter 'l\.weight'"):
         transform_via(capture, ParamWrite(), torch.randn(2, 4), dtype=torch.bfloat16)

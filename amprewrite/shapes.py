@@ -1,0 +1,198 @@
+"""What inputs a dynamo-captured graph was captured for, checked on every call.
+
+Dynamo specialises a graph to its example inputs: sizes it saw (all of them, in a static
+capture; size-1 dimensions even in a dynamic one), and non-tensor arguments (``scale=3.0``,
+``use_cache=False``), which it bakes in as constants. Called with anything else, the graph
+may fail deep inside or -- worse -- return a result for the inputs it was captured with.
+
+:class:`InputGuard` holds dynamo's own shape guards for the graph's inputs (compiled once to a
+Python function; about a microsecond a call) and the captured constants. A transformed graph
+checks its inputs with it before it runs: on a miss it is transformed again for the new inputs
+(see ``DynamoGraphModule``), or raises :class:`~amprewrite.errors.ShapeError` naming the input,
+the captured size and the size received.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch.fx import _pytree as fx_pytree
+from torch.utils import _pytree as pytree
+
+__all__ = ["InputGuard", "flat_inputs"]
+
+_TENSOR = object()  # marks a tensor leaf in ``constants``
+
+
+def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:
+    """The call's inputs flattened in the order of ``gm``'s placeholders."""
+    bound = inspect.signature(gm.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = list(bound.arguments.values())
+    spec = gm.graph._codegen.pytree_info.in_spec
+    n_pos = spec.child(0).num_children
+    keys = spec.child(1).context
+    by_name = dict(bound.arguments)
+    kw = {k: by_name[k] for k in keys}
+    return fx_pytree.tree_flatten_spec((values[:n_pos], kw), spec)
+
+
+@dataclass
+class _Input:
+    name: str
+    sizes: tuple[int | None, ...] | None  # None = dynamic; the whole tuple None: not a tensor
+    ranges: tuple[tuple[int, float], ...]
+
+
+class InputGuard:
+    """Accepts the inputs a graph is valid for (see the module docstring)."""
+
+    def __init__(self, gm: fx.GraphModule, example_flat: Sequence[object]):
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        names = _leaf_names(gm)
+        self.inputs: list[_Input] = []
+        self.constants: list[object] = []
+        fakes, where = [], []
+        shape_env = None
+        for i, (node, example) in enumerate(zip(placeholders, example_flat)):
+            fake = node.meta.get("example_value", node.meta.get("val"))
+            name = names[i] if i < len(names) else node.name
+            if isinstance(fake, torch.Tensor) and hasattr(fake, "fake_mode"):
+                shape_env = shape_env or fake.fake_mode.shape_env
+                fakes.append(fake)
+                where.append(i)
+                self.constants.append(_TENSOR)
+                self.inputs.append(_Input(name, *_dims(fake)))
+            elif isinstance(example, torch.Tensor):
+                self.constants.append(_TENSOR)  # a tensor the graph does not read
+                self.inputs.append(_Input(name, None, ()))
+            else:
+                self.constants.append(example)  # baked into the graph as a constant
+                self.inputs.append(_Input(name, None, ()))
+        self._where = where
+        self._check = _compile(shape_env, fakes)
+
+    def accepts(self, flat: Sequence[object]) -> bool:
+        """Do these flattened inputs satisfy every guard of the capture?"""
+        if len(flat) != len(self.constants):
+            return False
+        for value, const in zip(flat, self.constants):
+            if const is _TENSOR:
+                continue
+            if isinstance(value, torch.Tensor) or not _same(value, const):
+                return False
+        try:
+            return self._check({f"t{j}": flat[i] for j, i in enumerate(self._where)})
+        except (AttributeError, IndexError, TypeError):  # not a tensor, or another rank
+            return False
+
+    def changed_dims(self, flat: Sequence[object], only_dynamic: bool = False
+                     ) -> dict[int, list[int]]:
+        """Per tensor input (by flat index): the dimensions to make dynamic in a re-capture for
+        ``flat``: those that were dynamic, and (unless ``only_dynamic``) those whose size
+        changed; never a size 0 or 1, which dynamo specialises."""
+        out: dict[int, list[int]] = {}
+        for i, (inp, value) in enumerate(zip(self.inputs, flat)):
+            if inp.sizes is None or not isinstance(value, torch.Tensor):
+                continue
+            if value.dim() != len(inp.sizes):
+                continue
+            dims = [d for d, (want, size) in enumerate(zip(inp.sizes, value.shape))
+                    if (want is None or (want != size and not only_dynamic)) and size > 1]
+            if dims:
+                out[i] = dims
+        return out
+
+    def explain(self, flat: Sequence[object]) -> str:
+        """Which input differs from what the graph was captured for, in words."""
+        for inp, value, const in zip(self.inputs, flat, self.constants):
+            if const is not _TENSOR:
+                if isinstance(value, torch.Tensor) or not _same(value, const):
+                    return (f"input '{inp.name}' was captured as the constant {const!r} (dynamo "
+                            f"bakes non-tensor arguments into the graph) and is now {value!r}")
+                continue
+            if inp.sizes is None:
+                continue
+            if not isinstance(value, torch.Tensor):
+                return f"input '{inp.name}' was a tensor when captured and is now {value!r}"
+            got = tuple(value.shape)
+            if len(got) != len(inp.sizes):
+                return (f"input '{inp.name}' was captured with {len(inp.sizes)} dimensions "
+                        f"{_show(inp)} and has {len(got)}: {got}")
+            for d, (want, (lo, hi), size) in enumerate(zip(inp.sizes, inp.ranges, got)):
+                if want is not None and size != want:
+                    return (f"input '{inp.name}' dimension {d} was captured with size {want}, "
+                            f"fixed in the graph ({_show(inp)}), and has size {size}")
+                if want is None and not lo <= size <= hi:
+                    return (f"input '{inp.name}' dimension {d} was captured as a dynamic size "
+                            f"in [{lo}, {hi}] ({_show(inp)}) and has size {size}")
+        return ("the inputs break a relation between sizes the graph relies on (for example two "
+                "dimensions that must be equal): captured " + ", ".join(
+                    f"{i.name} {_show(i)}" for i in self.inputs if i.sizes is not None))
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, float], ...]]:
+    sizes, ranges = [], []
+    for s in fake.shape:
+        if isinstance(s, int):
+            sizes.append(s)
+            ranges.append((s, s))
+            continue
+        sizes.append(None)
+        node = s.node
+        env = node.shape_env
+        expr = node.expr
+        vr = env.var_to_range.get(expr) if hasattr(env, "var_to_range") else None
+        lo = int(vr.lower) if vr is not None else 0
+        hi = float(vr.upper) if vr is not None and vr.upper.is_finite else float("inf")
+        ranges.append((lo, hi))
+    return tuple(sizes), tuple(ranges)
+
+
+def _show(inp: _Input) -> str:
+    if inp.sizes is None:
+        return "(not a tensor)"
+    return "(" + ", ".join("*" if s is None else str(s) for s in inp.sizes) + ")"
+
+
+def _compile(shape_env, fakes: list[torch.Tensor]):
+    """Dynamo's guards on these fake inputs' sizes as one Python function. Stride and storage
+    offset guards are left out: a contiguous copy of a sliced input should not recapture."""
+    if shape_env is None or not fakes:
+        return lambda L: True
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    sources = [LocalSource(f"t{j}") for j in range(len(fakes))]
+    guards = shape_env.produce_guards(fakes, sources, ignore_static=False)
+    kept = [g for g in guards if ".stride()" not in g and "storage_offset()" not in g]
+    if not kept:
+        return lambda L: True
+    return eval("lambda L: " + " and ".join(f"({g})" for g in kept), dict(SYMPY_INTERP))
+
+
+def _leaf_names(gm: fx.GraphModule) -> list[str]:
+    """Readable names of the flattened inputs: ``input_ids``, ``batch['pixels']``."""
+    spec = gm.graph._codegen.pytree_info.in_spec
+    params = list(inspect.signature(gm.forward).parameters)
+    n_pos = spec.child(0).num_children
+    dummy = pytree.tree_unflatten(list(range(spec.num_leaves)), spec)
+    pos, kw = dummy
+    names = [""] * spec.num_leaves
+    roots = [(params[i] if i < len(params) else f"args[{i}]", v) for i, v in enumerate(pos)]
+    roots += list(kw.items())
+    for root, value in roots[: n_pos + len(kw)]:
+        for path, leaf in pytree.tree_flatten_with_path(value)[0]:
+            names[leaf] = root + pytree.keystr(path)
+    return names

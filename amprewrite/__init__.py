@@ -15,6 +15,8 @@ from .errors import (
     ModeSwitchError,
     PassError,
     PolicyError,
+    ShapeError,
+    VerificationError,
 )
 from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
 from .ops import FAMILIES, Family, Precision
@@ -37,6 +39,8 @@ __all__ = [
     "Precision",
     "Report",
     "Rewrite",
+    "ShapeError",
+    "VerificationError",
     "amprewrite_backend",
     "backend",
     "check_numerics",

@@ -114,8 +114,24 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     rep.notes += _notes(gm, captured.method)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         gm._amp_source = (model, policy)  # to transform again for inputs of other shapes
+    if example_inputs is not None and policy.verify:
+        _verify(model, gm, example_inputs, policy, rep)
     rep.timings["total"] = time.perf_counter() - start
     return gm
+
+
+def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy: Policy,
+            rep: Report) -> None:
+    from .numerics import verify_graph
+
+    if gm.training:  # dropout draws differ, and running statistics would move
+        rep.notes.append("verify: skipped, the graph was captured in train mode")
+        return
+    start = time.perf_counter()
+    errors = verify_graph(model, gm, example_inputs, policy.dtype)
+    rep.timings["verify"] = time.perf_counter() - start
+    rep.notes.append(f"verify: output error {errors['error']:.3g} against fp32 "
+                     f"(autocast: {errors['autocast_error']:.3g})")
 
 
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"

@@ -33,7 +33,7 @@ from . import meta as M
 from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError, ShapeError
 from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
-from .shapes import InputGuard, flat_inputs
+from .shapes import InputCheck, InputGuard, flat_inputs
 
 __all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
 
@@ -58,6 +58,8 @@ class DynamoGraphModule(fx.GraphModule):
     _amp_variants: tuple[fx.GraphModule, ...] = ()
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():  # the graph's own first node checks the inputs
+            return super().__call__(*args, **kwargs)
         target = _select(self, args, kwargs)
         if target is self:
             return super().__call__(*args, **kwargs)
@@ -76,10 +78,10 @@ class DynamoGraphModule(fx.GraphModule):
         return super().train(mode)
 
 
-def _select_impl(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
+def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The graph to run these inputs on: ``gm``, a cached variant, or a new one."""
     guard = gm._amp_inputs
-    if guard is None:
+    if guard is None or torch.compiler.is_compiling():  # compiled: the graph's check node
         return gm
     flat = flat_inputs(gm, args, kwargs)
     if guard.accepts(flat):
@@ -108,8 +110,6 @@ def _select_impl(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphMo
     gm._amp_variants = (*gm._amp_variants, variant)
     return variant
 
-
-_select = torch._dynamo.disable(_select_impl)  # under torch.compile: decided eagerly
 
 
 def _transform_for(gm, model, policy, args, kwargs, flat, why) -> fx.GraphModule:
@@ -287,8 +287,26 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
     gm._amp_captured_training = model.training
     gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
+    _add_input_check(gm)
     _operand_dtypes(gm, model)
     return gm
+
+
+def _add_input_check(gm: DynamoGraphModule) -> None:
+    """Make the guard the graph's first node: eager calls, torch.compile and exported graphs
+    all check their inputs."""
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    gm.add_submodule(INPUT_CHECK, InputCheck(gm._amp_inputs))
+    with graph.inserting_after(placeholders[-1] if placeholders else None):
+        node = graph.call_module(INPUT_CHECK, tuple(placeholders))
+    node.meta[M.ORIG] = M.OTHER
+    node.meta[M.MODULE_PATH] = ""
+    node.meta[M.MODULE_TYPES] = ()
+    gm.recompile()
+
+
+INPUT_CHECK = "amp_input_check"
 
 
 def _no_recompile_limit() -> contextlib.AbstractContextManager:

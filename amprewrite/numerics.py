@@ -20,10 +20,12 @@ from torch.utils import _pytree as pytree
 
 from . import meta as M
 from .api import transform
-from .capture import capture, split_inputs
+from .capture import _buffer_clone_copy, capture, split_inputs
+from .errors import VerificationError
 from .ops import Precision
 
-__all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes", "rel_err"]
+__all__ = ["CheckResult", "NodeError", "check_numerics", "find_fp32_nodes", "rel_err",
+           "verify_graph"]
 
 
 @dataclass(frozen=True)
@@ -201,4 +203,63 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
         f"find_fp32_nodes: {len(keep)} fp32 nodes did not bring the output error under "
         f"rtol={rtol} (last: {result.output_error:.3g}, finite={result.finite}). Raise rtol or "
         "max_nodes, or keep whole modules in fp32 with keep_fp32=[<module path>]."
+    )
+
+
+# The built-in check's rule: the graph fails when its error exceeds autocast's by this factor
+# plus this many unit roundoffs of the dtype (docs/guide.md, "The built-in check").
+VERIFY_FACTOR = 4.0
+VERIFY_ROUNDOFFS = 16
+_UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+
+
+def verify_bound(autocast_error: float, dtype: torch.dtype) -> float:
+    """The largest output error :func:`verify_graph` accepts, given autocast's."""
+    floor = VERIFY_ROUNDOFFS * _UNIT[dtype]
+    if not math.isfinite(autocast_error):
+        return floor
+    return VERIFY_FACTOR * autocast_error + floor
+
+
+def verify_graph(model: nn.Module, gm: fx.GraphModule, example_inputs: object,
+                 dtype: torch.dtype) -> dict[str, float]:
+    """Run the fp32 model, autocast and ``gm`` once on ``example_inputs``; raise
+    :class:`~amprewrite.errors.VerificationError` when ``gm`` is far from fp32 (see
+    :func:`verify_bound`) or non-finite where fp32 and autocast are finite. Returns the errors.
+
+    The model runs on a structural copy with cloned buffers, so the caller's state is kept.
+    """
+    device = next((t.device.type for t in [*model.parameters(), *model.buffers()]), "cpu")
+    copy = _buffer_clone_copy(model)
+    with torch.no_grad():
+        refs = float_leaves(_call(copy, example_inputs))
+        with torch.autocast(device, dtype=dtype):
+            autos = float_leaves(_call(copy, example_inputs))
+        outs = float_leaves(_call(gm, example_inputs))
+    ours = max((rel_err(o, r) for o, r in zip(outs, refs)), default=0.0)
+    theirs = max((rel_err(a, r) for a, r in zip(autos, refs)), default=0.0)
+    refs_finite = all(bool(torch.isfinite(r).all()) for r in refs)
+    bound = verify_bound(theirs, dtype)
+    if not refs_finite or ours <= bound:
+        return {"error": ours, "autocast_error": theirs}
+    result = check_numerics(model, example_inputs, dtype, gm=gm)
+    culprit = result.first_nonfinite
+    if culprit is None:
+        nodes = {r.node: r for r in result.nodes}
+        culprit = next((nodes[n.name] for n in gm.graph.nodes if n.name in nodes
+                        and (nodes[n.name].rel_err or 0.0) > bound), None)
+    where = ""
+    if culprit is not None:
+        at = f" ({culprit.module_path})" if culprit.module_path else ""
+        src = f" at {culprit.source}" if culprit.source else ""
+        err = "non-finite" if not culprit.finite else f"error {culprit.rel_err:.3g}"
+        where = (f" The first node that departs from fp32 is '{culprit.node}'{at}{src}, "
+                 f"a {culprit.precision} node ({err}).")
+    keep = f"keep_fp32=['node:{culprit.node}']" if culprit is not None else "keep_fp32=[...]"
+    raise VerificationError(
+        f"the transformed graph's output error against fp32 is {ours:.3g} on the example "
+        f"inputs, where torch.autocast's is {theirs:.3g} (accepted: up to {bound:.3g}).{where} "
+        f"Keep that part in fp32 ({keep}, or amprewrite.find_fp32_nodes finds a list), and "
+        "please report the model if the node is not one you chose to run low; "
+        "verify=False skips this check."
     )

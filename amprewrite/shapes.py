@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import fx
+from torch import fx, nn
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
-__all__ = ["InputGuard", "flat_inputs"]
+__all__ = ["InputCheck", "InputGuard", "flat_inputs"]
 
 _TENSOR = object()  # marks a tensor leaf in ``constants``
 
@@ -85,10 +85,11 @@ class InputGuard:
                 continue
             if isinstance(value, torch.Tensor) or not _same(value, const):
                 return False
-        try:
-            return self._check({f"t{j}": flat[i] for j, i in enumerate(self._where)})
-        except (AttributeError, IndexError, TypeError):  # not a tensor, or another rank
-            return False
+        for j, i in enumerate(self._where):
+            value = flat[i]
+            if not isinstance(value, torch.Tensor) or value.dim() != len(self.inputs[i].sizes):
+                return False
+        return bool(self._check({f"t{j}": flat[i] for j, i in enumerate(self._where)}))
 
     def changed_dims(self, flat: Sequence[object], only_dynamic: bool = False
                      ) -> dict[int, list[int]]:
@@ -135,11 +136,37 @@ class InputGuard:
                     f"{i.name} {_show(i)}" for i in self.inputs if i.sizes is not None))
 
 
+class InputCheck(nn.Module):
+    """The first node of a captured graph: raises ShapeError for inputs it was not captured for.
+
+    Plain size comparisons, so dynamo traces it under ``torch.compile`` (also with
+    ``fullgraph=True``) and guards on the outcome.
+    """
+
+    _is_impure = True  # has no users; dead-code elimination must keep it
+
+    def __init__(self, guard: InputGuard):
+        super().__init__()
+        self.guard = guard
+
+    def forward(self, *flat: object) -> None:
+        if not self.guard.accepts(flat):
+            from .errors import ShapeError
+
+            raise ShapeError(
+                f"this graph was called with inputs it was not captured for: "
+                f"{self.guard.explain(flat)}. Running it anyway could fail inside the graph or "
+                "return a result for the captured inputs. Uncompiled, the GraphModule "
+                "transforms itself for new inputs; under torch.compile it cannot: compile the "
+                "model with backend='amprewrite' instead (its passes run on every graph dynamo "
+                "makes), or transform with example_inputs of the shape you compile for."
+            )
+
+
 def _same(a: object, b: object) -> bool:
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:
-        return a is b
+    if a is b:
+        return True
+    return type(a) is type(b) and isinstance(a, (int, float, bool, str)) and a == b
 
 
 def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, float], ...]]:

@@ -1,0 +1,172 @@
+"""Other input shapes than the example's, and the built-in check (``verify=``).
+
+A graph captured from example inputs runs on every shape the model accepts: inputs the graph
+was not captured for run on a graph transformed for them (once per new shape class), and
+shapes the model itself rejects raise one ShapeError paragraph, never an error from inside the
+graph or a result for the captured shape.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import amprewrite
+from amprewrite import ShapeError, VerificationError
+from amprewrite.numerics import rel_err
+from benchmarks import zoo
+
+from .helpers import unchanged
+
+
+def _autocast_err(model, ref, *args):
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(*args)
+    out = out.logits if hasattr(out, "logits") else out
+    return rel_err(out.float(), ref)
+
+
+def test_llama_captured_at_batch_1_runs_at_other_batches_and_lengths():
+    model, (ids,) = zoo.llama()
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(ids[:1, :16],))
+    for shape in [(1, 16), (4, 16), (4, 9), (2, 33), (3, 5)]:
+        x = torch.randint(0, 256, shape)
+        with torch.no_grad():
+            ref = model(x).logits
+            out = gm(x).logits
+        assert out.shape == ref.shape
+        # Within rounding of autocast's error on the same inputs.
+        assert rel_err(out, ref) <= 1.05 * _autocast_err(model, ref, x) + 1e-4, shape
+    # Batch 1 is its own code path in the model (HF's mask code); every batch >= 2 and every
+    # length share one graph: the first new shape makes the dimensions that changed dynamic.
+    assert len(gm._amp_variants) <= 2
+
+
+def test_cnn_captured_at_batch_1_runs_at_batch_4_and_another_image_size():
+    model, (x,) = zoo.resnet()
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x[:1],))
+    for inp in [x[:1], torch.randn(4, *x.shape[1:]), torch.randn(2, x.shape[1], 48, 40)]:
+        with torch.no_grad():
+            ref = model(inp)
+            out = gm(inp)
+        assert rel_err(out, ref) <= 1.5 * _autocast_err(model, ref, inp) + 1e-3
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x, scale: float = 1.0):
+        return self.l(x) * scale
+
+
+def test_changed_non_tensor_argument_is_not_served_by_the_baked_graph():
+    model = Scaled()
+    x = torch.randn(2, 8)
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs={"x": x, "scale": 3.0})
+    with torch.no_grad():
+        assert torch.allclose(gm(x, scale=5.0), model(x, scale=5.0), rtol=2e-2, atol=2e-2)
+        assert torch.allclose(gm(x, scale=3.0), model(x, scale=3.0), rtol=2e-2, atol=2e-2)
+
+
+def test_size_baked_into_the_model_raises_one_clear_paragraph():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 8),))
+    with unchanged(model), pytest.raises(ShapeError) as err:
+        gm(torch.randn(2, 16))
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "input 'input' dimension 1 was captured with size 8" in msg
+    assert "has size 16" in msg and "fails on the given example_inputs" in msg
+
+
+def test_on_new_shape_error_refuses_instead_of_transforming():
+    model = nn.Sequential(nn.Linear(8, 8))
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(1, 8),),
+                              on_new_shape="error")
+    gm(torch.randn(1, 8))
+    with pytest.raises(ShapeError, match=r"dimension 0 was captured with size 1.*has size 4"):
+        gm(torch.randn(4, 8))
+
+
+def test_policy_rejects_unknown_on_new_shape():
+    with pytest.raises(amprewrite.PolicyError, match="on_new_shape"):
+        amprewrite.transform(nn.Linear(2, 2), torch.bfloat16, on_new_shape="maybe")
+
+
+def test_compiled_graph_checks_shapes_too():
+    """Under torch.compile the graph's first node checks the inputs (fullgraph too); the
+    backend is the way to compile for many shapes."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(1, 8),))
+    x = torch.randn(1, 8)
+    with torch.no_grad():
+        full = torch.compile(gm, backend="eager", fullgraph=True)
+        assert torch.allclose(full(x), model(x), rtol=3e-2, atol=3e-2)
+        compiled = torch.compile(gm, backend="eager")  # fullgraph: dynamo's own error instead
+        with pytest.raises(ShapeError, match="backend='amprewrite'"):
+            compiled(torch.randn(3, 8))
+        by_backend = torch.compile(model, backend="amprewrite")
+        for batch in (1, 3, 5):
+            x = torch.randn(batch, 8)
+            assert torch.allclose(by_backend(x), model(x), rtol=3e-2, atol=3e-2)
+
+
+# --- the built-in check ----------------------------------------------------------------------
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        return torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), -1)
+
+
+def _corrupt_linear(gm):
+    """A deliberately broken rewrite: the first linear's output is off by 50%."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    for node in gm.graph.nodes:
+        if node.target in (F.linear, torch._C._nn.linear):
+            node.target = _bad_linear
+            break
+    return PassResult(gm, True)
+
+
+def _bad_linear(x, w, b=None):
+    return F.linear(x, w, b) * 1.5
+
+
+def test_broken_graph_raises_verification_error_naming_the_node(monkeypatch):
+    import amprewrite.api as api
+
+    real = api.pipeline
+    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy),
+                                                         ("corrupt", _corrupt_linear)])
+    model = Attention().eval()
+    with unchanged(model), pytest.raises(VerificationError) as err:
+        amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),))
+    msg = str(err.value)
+    assert "first node that departs from fp32 is 'linear'" in msg
+    assert "keep_fp32=['node:linear']" in msg and "\n" not in msg
+    # verify=False returns the (broken) graph: the check is the only thing that stopped it.
+    amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),),
+                         verify=False)
+
+
+def test_check_runs_by_default_and_is_reported():
+    model = Attention().eval()
+    gm = amprewrite.transform(model, torch.float16, example_inputs=(torch.randn(2, 8, 16),))
+    report = amprewrite.report(gm)
+    assert any(n.startswith("verify: output error") for n in report.notes)
+    assert "verify" in report.timings
+
+
+def test_check_is_skipped_in_train_mode_and_says_so():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train()
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 8),))
+    assert "verify: skipped, the graph was captured in train mode" in amprewrite.report(gm).notes

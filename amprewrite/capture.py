@@ -58,8 +58,6 @@ class DynamoGraphModule(fx.GraphModule):
     _amp_variants: tuple[fx.GraphModule, ...] = ()
 
     def __call__(self, *args, **kwargs):
-        if torch.compiler.is_compiling():  # the graph's own first node checks the inputs
-            return super().__call__(*args, **kwargs)
         target = _select(self, args, kwargs)
         if target is self:
             return super().__call__(*args, **kwargs)
@@ -81,7 +79,7 @@ class DynamoGraphModule(fx.GraphModule):
 def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
     """The graph to run these inputs on: ``gm``, a cached variant, or a new one."""
     guard = gm._amp_inputs
-    if guard is None or torch.compiler.is_compiling():  # compiled: the graph's check node
+    if guard is None:
         return gm
     flat = flat_inputs(gm, args, kwargs)
     if guard.accepts(flat):
@@ -112,6 +110,14 @@ def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
 
 
 
+# Dynamo never traces the dispatcher: under torch.compile it runs eagerly (and may transform
+# for new inputs), and dynamo traces the chosen graph's forward, whose first node checks the
+# inputs, as it does for nn.Module.__call__ and forward. (Traced, its one code object shared by
+# every transformed graph would also exhaust dynamo's recompile limit.)
+torch._dynamo.eval_frame.skip_code(DynamoGraphModule.__call__.__code__)
+_select = torch._dynamo.disable(_select)  # and nothing it calls (guards, a re-transform)
+
+
 def _transform_for(gm, model, policy, args, kwargs, flat, why) -> fx.GraphModule:
     """Transform ``model`` again for new inputs; dimensions that changed become dynamic, so one
     new graph serves every size of them (torch.compile's automatic dynamic shapes)."""
@@ -135,12 +141,22 @@ def _transform_for(gm, model, policy, args, kwargs, flat, why) -> fx.GraphModule
             torch._dynamo.mark_dynamic(t, d)
         marked[id(flat[i])] = t
     args, kwargs = pytree.tree_map(lambda v: marked.get(id(v), v), (args, kwargs))
+    marked_ids = {id(t) for t in marked.values()}
     example = kwargs if not args else (args if not kwargs else None)
     if example is None:  # both: bind everything by name
         example = dict(inspect.signature(gm.forward).bind(*args, **kwargs).arguments)
     start = time.perf_counter()
     try:
-        variant = transform_with(model, policy, example)
+        try:
+            variant = transform_with(model, policy, example)
+        except CaptureError as exc:
+            if "Constraints violated" not in str(exc):
+                raise
+            # The model fixes those sizes (an unrolled per-sample loop fixes the batch): a
+            # graph for exactly these inputs.
+            example = pytree.tree_map(lambda v: v.clone() if id(v) in marked_ids else v,
+                                      example)
+            variant = transform_with(model, policy, example)
     except CaptureError as exc:
         raise ShapeError(
             f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "

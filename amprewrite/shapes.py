@@ -85,7 +85,7 @@ class InputGuard:
                 continue
             if isinstance(value, torch.Tensor) or not _same(value, const):
                 return False
-        for j, i in enumerate(self._where):
+        for i in self._where:
             value = flat[i]
             if not isinstance(value, torch.Tensor) or value.dim() != len(self.inputs[i].sizes):
                 return False

@@ -174,3 +174,23 @@ def test_check_is_skipped_in_train_mode_and_says_so():
     model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8)).train()
     gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 8),))
     assert "verify: skipped, the graph was captured in train mode" in amprewrite.report(gm).notes
+
+
+@pytest.mark.parametrize("name", ["gpt2", pytest.param("unet2d", marks=pytest.mark.slow)])
+def test_real_model_captured_at_batch_1_runs_at_batch_4_and_another_size(name):
+    model, inputs = getattr(zoo, name)()
+    first = tuple(t[:1] for t in inputs)
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=first)
+    if name == "gpt2":
+        others = [(torch.randint(0, 256, (4, 64)),), (torch.randint(0, 256, (4, 23)),)]
+    else:  # UNet2DModel: batch 4, and a 24x24 image
+        others = [(torch.randn(4, 3, 16, 16), torch.tensor([10, 500, 3, 999])),
+                  (torch.randn(2, 3, 24, 24), torch.tensor([7, 70]))]
+    for inp in [first, *others]:
+        with torch.no_grad():
+            ref = zoo.first_tensor(zoo.call(model, inp))
+            out = zoo.first_tensor(zoo.call(gm, inp))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                auto = zoo.first_tensor(zoo.call(model, inp))
+        assert out.shape == ref.shape
+        assert rel_err(out, ref) <= 1.5 * rel_err(auto.float(), ref) + 1e-3

@@ -22,7 +22,7 @@ import os
 import time
 import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -339,8 +339,39 @@ def _no_recompile_limit() -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _private_top_frame() -> Iterator[None]:
+    """Give this export its own top-level code object.
+
+    dynamo exports a module through ``external_utils.wrap_inline``, whose ``inner`` code object is
+    shared with every ``torch.compile``-d module in the process. Each export left a cache entry
+    on it, so after 8 transforms the next ``torch.compile(module)`` hit dynamo's recompile limit,
+    which marks that shared code "skip" for good: from then on torch.compile ran modules eagerly
+    and every later export failed ("Unexpectedly found a Tensor in the outputs"). A fresh copy
+    of ``inner`` per export keeps its cache entries private; they die with the copy.
+    """
+    utils = torch._dynamo.external_utils
+    shared = getattr(utils, "wrap_inline", None)
+    if shared is None:
+        yield
+        return
+
+    def wrap_inline(fn):
+        inner = shared(fn)
+        code = inner.__code__
+        inner.__code__ = code.replace(co_varnames=code.co_varnames)  # a distinct code object
+        return inner
+
+    utils.wrap_inline = wrap_inline
+    try:
+        yield
+    finally:
+        utils.wrap_inline = shared
+
+
 def _export(model: nn.Module, args: tuple, kwargs: dict):
-    with warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit():
+    with (warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit(),
+          _private_top_frame()):
         warnings.simplefilter("ignore")
         # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
         # the copy, never on the caller's modules (dynamo would leave FakeTensors there).

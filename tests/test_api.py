@@ -281,3 +281,24 @@ def test_many_dynamo_transforms_of_one_module_class():
         model = torch.nn.Sequential(torch.nn.Linear(width, 4))
         gm = amprewrite.transform(model, example_inputs=(torch.randn(2, width),))
         assert gm(torch.randn(2, width)).shape == (2, 4)
+
+
+def test_transforms_leave_torch_compile_of_modules_working():
+    """dynamo exports a module through a wrapper whose code object every torch.compile-d module
+    shares. Exports used to leave cache entries there: after 8 transforms, torch.compile of any
+    module hit the recompile limit, ran eagerly, and every later transform failed."""
+    for width in range(4, 16):
+        amprewrite.transform(torch.nn.Sequential(torch.nn.Linear(width, 4)),
+                             example_inputs=(torch.randn(2, width),))
+    graphs = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(torch.nn.Sequential(torch.nn.Linear(3, 3)), backend=counting_backend)
+    compiled(torch.randn(2, 3))
+    assert len(graphs) == 1  # compiled, not skipped
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 8),))
+    assert gm(torch.randn(4, 8)).shape == (4, 8)

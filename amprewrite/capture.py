@@ -418,9 +418,6 @@ def _register_output_dataclasses(out: object) -> bool:
     return bool(found)
 
 
-_NEEDS_FLOAT = {"linear", "conv", "matmul"}
-
-
 def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
     """Dynamo's fake kernels accept ``linear(int_tensor, float_weight)``; eager PyTorch does not.
     Say so at transform time instead of at the first call."""
@@ -428,7 +425,7 @@ def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
         if node.op not in ("call_function", "call_method"):
             continue
         family = family_of(node)
-        if family is None or family.name not in _NEEDS_FLOAT:
+        if family is None or not family.needs_float:
             continue
         infos = [M.info(a) for a in node.args if isinstance(a, fx.Node)]
         dtypes = [i.dtype for i in infos if i.kind == "tensor" and i.dtype is not None]

@@ -1,21 +1,32 @@
-"""Op families: every spelling of an op (module class, function, Tensor method) in one table.
+"""The op registry: everything amprewrite knows about an op, in one entry per op family.
 
-Passes ask :func:`family_of` which family a node belongs to and never compare targets
-themselves, so "where is softmax decided?" has one answer: the ``softmax`` row below.
+A :class:`Family` holds an op's precision class, every spelling of it (``torch.X``,
+``torch.nn.functional.X``, ``Tensor.X``, the in-place ``X_``, the ``torch.special`` /
+``torch.linalg`` / ``torch.fft`` / ``torch._C._nn`` aliases, its module classes and operator
+forms), how its output dtype follows from its inputs (:class:`Out`), whether it reads integer
+inputs as numbers, whether it needs float operands, and how its module form lowers to a
+function. Passes ask this module and keep no op names of their own, so adding an op is one
+entry below. An op the registry does not know runs in fp32 (see ``paint_precision``).
 
 >>> import torch
 >>> FAMILIES["softmax"].precision
 <Precision.FP32: 'fp32'>
 >>> family_for_function(torch.nn.functional.linear).name
 'linear'
+>>> family_for_method("exp_").name  # the in-place spelling has the out-of-place op's family
+'exp'
+>>> family_for_function(torch.special.gammaln).name
+'special'
 """
 
 from __future__ import annotations
 
+import builtins
 import enum
 import operator
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +37,15 @@ from . import runtime
 __all__ = [
     "FAMILIES",
     "Family",
+    "Out",
     "Precision",
     "family_for_function",
     "family_for_method",
     "family_for_module",
     "family_of",
+    "op_name",
+    "reads_values",
+    "register_family",
 ]
 
 
@@ -44,9 +59,40 @@ class Precision(enum.Enum):
     NONFLOAT = "nonfloat"  # integer/bool/non-tensor values, and dtypes amprewrite leaves alone
 
 
+class Out(enum.Enum):
+    """How an op's output dtype follows from its inputs (used where no fake value says it)."""
+
+    PROMOTE = "promote"  # PyTorch type promotion; integer inputs give integers
+    FLOAT = "float"  # type promotion, but integer inputs give the default float (exp(int))
+    BOOL = "bool"  # comparisons and predicates
+    INDEX = "index"  # int64 indices (argmax, nonzero, randint)
+    NONTENSOR = "nontensor"  # Python values: sizes, flags, numbers
+    SPLIT = "split"  # a sequence of tensors of the input's dtype (split, chunk, unbind)
+    PAIR = "pair"  # (values of the input's dtype, int64 indices): topk, sort
+    MINMAX = "minmax"  # PAIR when reducing along a dim (x.max(1)), else PROMOTE
+    TUPLE = "tuple"  # a sequence of unknown dtypes (linalg factorizations with int pivots)
+    BROADCAST = "broadcast"  # one tensor per input, each of its input's dtype
+    CAT = "cat"  # type promotion over a list argument
+    FACTORY = "factory"  # dtype=, else the input's (``*_like``, ``new_*``), else the default
+    CONVERT = "convert"  # the dtype the call names (x.float(), x.to(torch.bfloat16))
+    COMPLEX = "complex"  # the complex dtype of a float input (fft, polar)
+    REAL = "real"  # the real dtype of a complex input (irfft, abs of complex)
+    ITEM = "item"  # operator.getitem: an item of a sequence, or a tensor's dtype
+    ATTR = "attr"  # getattr(x, name): a tensor attribute, or metadata
+
+
+# Module form: (module, input node, attribute-node maker) -> (function, args, kwargs).
+Lowering = Callable[[nn.Module, fx.Node, object], tuple]
+
+
 @dataclass(frozen=True)
 class Family:
-    """One op family and all its spellings."""
+    """One op family and all its spellings.
+
+    ``precision`` is the class; ``classify`` refines it per node (interpolate's mode, the
+    dtype a conversion names) and returns (class, reason) or None for the family's class.
+    ``refine`` maps an operator spelling to another family (``x * x`` is ``pow``).
+    """
 
     name: str
     precision: Precision
@@ -57,48 +103,211 @@ class Family:
     bounded: bool = False
     # Reads the values of an integer input as numbers (not as indices): int in, float out.
     numeric: bool = True
-    # Per-node refinement, e.g. interpolate is NEUTRAL for mode="nearest" only.
-    classify: Callable[[fx.Node], Precision] | None = field(default=None, compare=False)
+    out: Out = Out.PROMOTE
+    # Needs floating-point operands of one dtype (eager linear(int, float) fails).
+    needs_float: bool = False
+    # Draws random numbers: the kernel probe compares no values.
+    random: bool = False
+    # Reads only a tensor's metadata (sizes, device), never its values: no cast feeds it.
+    metadata: bool = False
+    # Whether the kernel probe runs for this family's nodes in low precision.
+    probe: bool = True
+    lower: Mapping[type, Lowering] = field(default_factory=dict, compare=False)
+    classify: Callable[[fx.Node, torch.dtype], tuple[Precision, str] | None] | None = field(
+        default=None, compare=False)
+    refine: Callable[[fx.Node], str | None] | None = field(default=None, compare=False)
+    why: str = ""  # one line for docs/families.md: why this class
 
 
-def _fns(*names: str) -> tuple[Callable, ...]:
-    """Resolve dotted names under torch, skipping those this torch version lacks."""
-    out = []
+# --- spellings ----------------------------------------------------------------------------------
+
+_NAMESPACES = (torch, F, torch.special, torch.linalg, torch.fft, torch._C._nn)
+_DUNDER = {"add": ("__add__", "__radd__", "__iadd__"), "sub": ("__sub__", "__rsub__", "__isub__"),
+           "mul": ("__mul__", "__rmul__", "__imul__"),
+           "div": ("__truediv__", "__rtruediv__", "__itruediv__", "__div__", "__rdiv__",
+                   "__idiv__"),
+           "neg": ("__neg__",), "abs": ("__abs__",), "pos": ("__pos__",),
+           "floor_divide": ("__floordiv__", "__rfloordiv__", "__ifloordiv__"),
+           "remainder": ("__mod__", "__rmod__", "__imod__"),
+           "pow": ("__pow__", "__rpow__", "__ipow__"),
+           "matmul": ("__matmul__", "__rmatmul__", "__imatmul__"),
+           "eq": ("__eq__",), "ne": ("__ne__",), "lt": ("__lt__",), "le": ("__le__",),
+           "gt": ("__gt__",), "ge": ("__ge__",),
+           "bitwise_and": ("__and__", "__rand__", "__iand__"),
+           "bitwise_or": ("__or__", "__ror__", "__ior__"),
+           "bitwise_xor": ("__xor__", "__rxor__", "__ixor__"),
+           "bitwise_not": ("__invert__",),
+           "bitwise_left_shift": ("__lshift__", "__rlshift__", "__ilshift__"),
+           "bitwise_right_shift": ("__rshift__", "__rrshift__", "__irshift__"),
+           "getitem": ("__getitem__",), "len": ("__len__",)}
+
+
+def _resolve(dotted: str) -> object | None:
+    obj: object = torch
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _spellings(names: Iterable[str]) -> tuple[tuple[Callable, ...], tuple[str, ...]]:
+    """Every function and Tensor method spelling of ``names``.
+
+    A bare name ``X`` is looked up as ``torch.X``, ``torch.nn.functional.X``,
+    ``torch.special.X``, ``torch.linalg.X``, ``torch.fft.X``, ``torch._C._nn.X`` and their
+    in-place ``X_``, and as the Tensor method ``X`` (with its operator dunders). A dotted name
+    is exactly that attribute of ``torch``.
+    """
+    fns: list[Callable] = []
+    methods: list[str] = []
+
+    def add(obj: object) -> None:
+        if callable(obj) and not isinstance(obj, type) and obj not in fns:
+            fns.append(obj)  # type: ignore[arg-type]
+
     for name in names:
-        obj: object = torch
-        for part in name.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if obj is not None and obj not in out:
-            out.append(obj)
-    return tuple(out)
+        if "." in name:
+            add(_resolve(name))
+            continue
+        for ns in _NAMESPACES:
+            add(getattr(ns, name, None))
+            add(getattr(ns, name + "_", None))
+        for m in (name, name + "_", *_DUNDER.get(name, ())):
+            if hasattr(torch.Tensor, m) and m not in methods:
+                methods.append(m)
+    return tuple(fns), tuple(methods)
 
 
-def _mods(*names: str) -> tuple[type, ...]:
-    return tuple(getattr(nn, n) for n in names if hasattr(nn, n))
+def _op(name: str, precision: Precision, names: Iterable[str] = (), *,
+        methods: Iterable[str] = (), modules: Iterable[str] = (),
+        functions: Iterable[Callable] = (), **kw) -> Family:
+    fns, meths = _spellings(names)
+    mods = tuple(getattr(nn, n) for n in modules if hasattr(nn, n))
+    extra = tuple(f for f in functions if f not in fns)
+    return Family(name, precision, fns + extra, meths + tuple(m for m in methods
+                                                              if m not in meths), mods, **kw)
 
 
-def _op(name: str, precision: Precision, fn_names: Iterable[str] = (), methods=(), modules=(),
-        **kw) -> Family:
-    return Family(name, precision, _fns(*fn_names), tuple(methods), _mods(*modules), **kw)
+# --- per-node refinements ---------------------------------------------------------------------
 
 
-def _interpolate_precision(node: fx.Node) -> Precision:
-    mode = node.kwargs.get("mode")
-    if mode is None:
-        # F.interpolate(input, size, scale_factor, mode, ...): mode is the 4th positional.
-        mode = node.args[3] if len(node.args) > 3 else "nearest"
-    if node.target in (F.upsample_bilinear,):
+def _arg(node: fx.Node, index: int, name: str, default: object = None) -> object:
+    if name in node.kwargs:
+        return node.kwargs[name]
+    args = node.args[1:] if node.op == "call_method" and index > 0 else node.args
+    if node.op == "call_method":
+        index -= 1
+    return args[index] if 0 <= index < len(args) else default
+
+
+def _interpolate(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
+    if node.target is F.upsample_bilinear:
         mode = "bilinear"
-    # Nearest modes copy values, so they are exact in any dtype.
-    return Precision.NEUTRAL if mode in ("nearest", "nearest-exact") else Precision.PROMOTE
+    elif node.target is F.upsample_nearest:
+        mode = "nearest"
+    else:
+        mode = _arg(node, 3, "mode", "nearest")  # F.interpolate(input, size, scale, mode, ...)
+    if mode in ("nearest", "nearest-exact"):
+        return Precision.NEUTRAL, f"{mode} interpolate copies values: exact in any dtype"
+    return None
 
 
-L, H, P, N = Precision.LOW, Precision.FP32, Precision.PROMOTE, Precision.NEUTRAL
+_LOW_NAMES = {"bfloat16": torch.bfloat16, "half": torch.float16, "float": torch.float32,
+              "double": torch.float64}
+
+
+def conversion_target(node: fx.Node) -> torch.dtype | None:
+    """The dtype an explicit conversion (``x.float()``, ``x.to(torch.float32)``) names."""
+    if node.op != "call_method":
+        return None
+    name = str(node.target)
+    if name in _LOW_NAMES:
+        return _LOW_NAMES[name]
+    if name in ("to", "type"):
+        for a in (*node.args[1:], node.kwargs.get("dtype")):
+            if isinstance(a, torch.dtype):
+                return a
+    return None
+
+
+def _convert(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
+    target = conversion_target(node)
+    if target is None or not target.is_floating_point:
+        return Precision.NEUTRAL, "a move or a conversion to the value's own dtype"
+    # The model asks for this dtype: LOW when it names the target dtype, else computed high.
+    cls = Precision.LOW if target == low else Precision.FP32
+    return cls, f"explicit conversion to {target} in the model"
+
+
+def _is_tensor_node(a: object) -> bool:
+    return isinstance(a, fx.Node)
+
+
+def _arith_refine(node: fx.Node) -> str | None:
+    """Operator forms of FP32 ops: ``x * x`` squares (pow), ``1 / x`` is a reciprocal."""
+    name = op_name(node)
+    args = node.args
+    if name in ("mul", "multiply", "__mul__", "__rmul__") and len(args) == 2 \
+            and _is_tensor_node(args[0]) and args[0] is args[1]:
+        return "pow"
+    if name in ("truediv", "div", "divide", "true_divide") and len(args) == 2 \
+            and not _is_tensor_node(args[0]) and _is_tensor_node(args[1]) \
+            and not node.kwargs.get("rounding_mode"):
+        return "reciprocal"
+    if name == "__rtruediv__":
+        return "reciprocal"
+    return None
+
+
+def _accumulates(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
+    """index_put(accumulate=True) and scatter(reduce=...) add values: PROMOTE, not a copy."""
+    if node.kwargs.get("accumulate") or node.kwargs.get("reduce"):
+        return Precision.PROMOTE, "accumulating write: adds values"
+    return None
+
+
+# --- lowerings (module form -> function) ------------------------------------------------------
+
+_CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
+_CONV_T = {nn.ConvTranspose1d: F.conv_transpose1d, nn.ConvTranspose2d: F.conv_transpose2d,
+           nn.ConvTranspose3d: F.conv_transpose3d}
+
+
+def _conv(m, x, attr):
+    if m.padding_mode != "zeros":
+        # Conv._conv_forward's own lowering: pad explicitly, then convolve without padding.
+        x = attr.pad(x, m._reversed_padding_repeated_twice, m.padding_mode)
+        return _CONV[type(m)], (x, attr("weight"), attr("bias"), m.stride, 0, m.dilation,
+                                m.groups), {}
+    return _CONV[type(m)], (x, attr("weight"), attr("bias"), m.stride, m.padding, m.dilation,
+                            m.groups), {}
+
+
+def _conv_t(m, x, attr):
+    return _CONV_T[type(m)], (x, attr("weight"), attr("bias"), m.stride, m.padding,
+                              m.output_padding, m.groups, m.dilation), {}
+
+
+def _upsample(m, x, attr):
+    return F.interpolate, (x,), {
+        "size": m.size, "scale_factor": m.scale_factor, "mode": m.mode,
+        "align_corners": m.align_corners, "recompute_scale_factor": m.recompute_scale_factor}
+
+
+_ACTIVATION_LOWERINGS: dict[type, Lowering] = {
+    nn.GELU: lambda m, x, attr: (F.gelu, (x,), {"approximate": m.approximate}),
+    nn.SiLU: lambda m, x, attr: (F.silu, (x,), {"inplace": m.inplace}),
+}
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+L, H, P, N, X = (Precision.LOW, Precision.FP32, Precision.PROMOTE, Precision.NEUTRAL,
+                 Precision.NONFLOAT)
 
 _LOSSES = [
-    # (functional name, module class name)
+    # (function name, module class name); each also has torch.X / torch._C._nn.X spellings.
     ("binary_cross_entropy", "BCELoss"),
     ("binary_cross_entropy_with_logits", "BCEWithLogitsLoss"),
     ("cross_entropy", "CrossEntropyLoss"),
@@ -118,171 +327,333 @@ _LOSSES = [
     ("multilabel_soft_margin_loss", "MultiLabelSoftMarginLoss"),
     ("soft_margin_loss", "SoftMarginLoss"),
     ("triplet_margin_loss", "TripletMarginLoss"),
+    ("triplet_margin_with_distance_loss", "TripletMarginWithDistanceLoss"),
     ("ctc_loss", "CTCLoss"),
+    ("linear_cross_entropy", ""),
 ]
+_LOSS_ALIASES = {"cross_entropy": ["_C._nn.cross_entropy_loss"],
+                 "nll_loss": ["_C._nn.nll_loss2d", "_C._nn.nll_loss_nd"]}
+
+_SPECIAL = [
+    # Special functions: steep, with poles or long tails; autocast leaves them out of its
+    # low-precision lists, and torch.special has no bf16/fp16 kernel for several of them.
+    "lgamma", "digamma", "polygamma", "mvlgamma", "erfc", "erfcx", "i0", "i0e", "i1", "i1e",
+    "igamma", "igammac", "gammaln", "psi", "multigammaln", "gammainc", "gammaincc", "ndtr",
+    "ndtri", "log_ndtr", "logit", "xlog1py", "zeta", "entr", "sinc", "logaddexp", "logaddexp2",
+    "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "modified_bessel_i0",
+    "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
+    "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "spherical_bessel_j0",
+    "airy_ai", "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
+    "chebyshev_polynomial_w", "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u",
+    "shifted_chebyshev_polynomial_v", "shifted_chebyshev_polynomial_w", "hermite_polynomial_h",
+    "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p", "ldexp",
+    "nextafter",
+]
+
+_LINALG = [
+    # Factorizations and solves: condition numbers amplify the input's rounding; torch has no
+    # bf16/fp16 CPU kernels for most of them (autocast lists them fp32).
+    "inverse", "inv", "det", "logdet", "svdvals", "eigvalsh", "cholesky", "cholesky_inverse",
+    "cholesky_solve", "solve", "solve_triangular", "pinv", "pinverse", "matrix_power",
+    "matrix_exp", "lu_solve", "ldl_solve", "matrix_rank", "householder_product", "orgqr",
+    "ormqr", "tensorinv", "tensorsolve", "cond", "vander",
+]
+# The same, returning tuples (some items integer pivots or infos, some complex).
+_LINALG_TUPLES = [
+    "slogdet", "svd", "eig", "eigh", "eigvals", "qr", "cholesky_ex", "inv_ex", "solve_ex",
+    "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_unpack", "ldl_factor", "ldl_factor_ex",
+    "geqrf", "triangular_solve", "pca_lowrank", "svd_lowrank", "lobpcg", "frexp",
+]
+
+_FFT = ["fft.fft", "fft.ifft", "fft.fft2", "fft.ifft2", "fft.fftn", "fft.ifftn", "fft.rfft",
+        "fft.rfft2", "fft.rfftn", "fft.ihfft", "fft.ihfft2", "fft.ihfftn", "stft"]
+_IFFT_REAL = ["fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", "fft.hfftn",
+              "istft"]
 
 _TABLE: list[Family] = [
     # LOW: matmul-like ops, where low precision pays and accumulation is fp32 inside the kernel.
-    _op("linear", L, ["nn.functional.linear", "_C._nn.linear"], modules=["Linear", "LazyLinear"]),
-    _op("bilinear", L, ["nn.functional.bilinear", "bilinear"], modules=["Bilinear"]),
-    _op("conv", L, ["nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.conv3d",
-                    "conv1d", "conv2d", "conv3d", "convolution"],
-        modules=["Conv1d", "Conv2d", "Conv3d", "LazyConv1d", "LazyConv2d", "LazyConv3d"]),
-    _op("conv_transpose", L, ["nn.functional.conv_transpose1d", "nn.functional.conv_transpose2d",
-                              "nn.functional.conv_transpose3d", "conv_transpose1d",
-                              "conv_transpose2d", "conv_transpose3d"],
-        modules=["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]),
+    _op("linear", L, ["linear"], modules=["Linear", "LazyLinear"], needs_float=True,
+        lower={nn.Linear: lambda m, x, attr: (F.linear, (x, attr("weight"), attr("bias")), {})},
+        why="matmul: fp32 accumulation inside the kernel"),
+    _op("bilinear", L, ["bilinear"], modules=["Bilinear"], needs_float=True),
+    _op("conv", L, ["conv1d", "conv2d", "conv3d", "convolution", "conv_tbc", "_convolution"],
+        modules=["Conv1d", "Conv2d", "Conv3d", "LazyConv1d", "LazyConv2d", "LazyConv3d"],
+        needs_float=True, lower={cls: _conv for cls in _CONV}),
+    _op("conv_transpose", L, ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"],
+        modules=["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"], needs_float=True,
+        lower={cls: _conv_t for cls in _CONV_T}),
     _op("matmul", L, ["matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv",
-                      "einsum", "tensordot", "chain_matmul", "linalg.multi_dot"],
-        methods=["matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv",
-                 "__matmul__", "__rmatmul__"]),
-    Family("matmul_operator", L, (operator.matmul,)),
-    _op("scaled_dot_product_attention", L, ["nn.functional.scaled_dot_product_attention"]),
+                      "einsum", "tensordot", "chain_matmul", "multi_dot", "dot", "vdot", "inner",
+                      "outer", "ger", "addr", "vecdot", "_addmm_activation"],
+        functions=[operator.matmul], needs_float=True),
+    _op("rnn_cell", L, ["lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"],
+        needs_float=True),
+    _op("scaled_dot_product_attention", L, ["scaled_dot_product_attention"]),
     # FP32: normalisations (batch statistics overflow fp16; NaN corrupts running stats).
-    _op("batch_norm", H, ["nn.functional.batch_norm", "batch_norm"],
+    _op("batch_norm", H, ["batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+                          "batch_norm_elemt", "batch_norm_stats", "batch_norm_gather_stats",
+                          "batch_norm_gather_stats_with_counts", "batch_norm_update_stats",
+                          "batch_norm_backward_elemt", "batch_norm_backward_reduce"],
         modules=["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
                  "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"]),
-    _op("instance_norm", H, ["nn.functional.instance_norm", "instance_norm"],
+    _op("instance_norm", H, ["instance_norm"],
         modules=["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]),
-    _op("group_norm", H, ["nn.functional.group_norm", "group_norm"], modules=["GroupNorm"]),
-    _op("layer_norm", H, ["nn.functional.layer_norm", "layer_norm"], modules=["LayerNorm"]),
-    _op("rms_norm", H, ["nn.functional.rms_norm", "rms_norm"], modules=["RMSNorm"]),
-    _op("local_response_norm", H, ["nn.functional.local_response_norm"],
+    _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"],
+        lower={nn.GroupNorm: lambda m, x, attr: (F.group_norm, (
+            x, m.num_groups, attr("weight"), attr("bias"), m.eps), {})}),
+    _op("layer_norm", H, ["layer_norm", "native_layer_norm"], modules=["LayerNorm"],
+        lower={nn.LayerNorm: lambda m, x, attr: (F.layer_norm, (
+            x, m.normalized_shape, attr("weight"), attr("bias"), m.eps), {})}),
+    _op("rms_norm", H, ["rms_norm"], modules=["RMSNorm"],
+        lower={nn.RMSNorm: lambda m, x, attr: (F.rms_norm, (
+            x, m.normalized_shape, attr("weight"), m.eps), {})} if hasattr(nn, "RMSNorm") else {}),
+    _op("local_response_norm", H, ["local_response_norm"],
         modules=["LocalResponseNorm", "CrossMapLRN2d"]),
-    _op("normalize", H, ["nn.functional.normalize"]),
+    _op("normalize", H, ["normalize"], out=Out.FLOAT),
     # FP32: softmax family (exp of large logits overflows; bounded output ends a position cone).
-    _op("softmax", H, ["nn.functional.softmax", "softmax", "_softmax", "special.softmax"],
-        methods=["softmax"], modules=["Softmax", "Softmax2d"], bounded=True),
-    _op("log_softmax", H, ["nn.functional.log_softmax", "log_softmax", "special.log_softmax"],
-        methods=["log_softmax"], modules=["LogSoftmax"]),
-    _op("softmin", H, ["nn.functional.softmin"], modules=["Softmin"], bounded=True),
+    _op("softmax", H, ["softmax", "_softmax", "gumbel_softmax"],
+        modules=["Softmax", "Softmax2d"], bounded=True, out=Out.FLOAT,
+        lower={nn.Softmax: lambda m, x, attr: (F.softmax, (x,), {"dim": m.dim})}),
+    _op("log_softmax", H, ["log_softmax", "_log_softmax"], modules=["LogSoftmax"],
+        out=Out.FLOAT,
+        lower={nn.LogSoftmax: lambda m, x, attr: (F.log_softmax, (x,), {"dim": m.dim})}),
+    _op("softmin", H, ["softmin"], modules=["Softmin"], bounded=True, out=Out.FLOAT),
     # FP32: exp/log/pow family (fp16 exp(12) is inf; log near 0 loses everything).
-    _op("exp", H, ["exp", "exp2", "special.exp2"], methods=["exp", "exp2"]),
-    _op("expm1", H, ["expm1", "special.expm1"], methods=["expm1"]),
-    _op("log", H, ["log", "log2", "log10", "special.xlogy", "xlogy"],
-        methods=["log", "log2", "log10", "xlogy"]),
-    _op("log1p", H, ["log1p", "special.log1p"], methods=["log1p"]),
-    _op("pow", H, ["pow", "float_power"], methods=["pow", "__pow__", "__rpow__", "float_power"]),
-    Family("pow_operator", H, (operator.pow,)),
-    _op("reciprocal", H, ["reciprocal"], methods=["reciprocal", "__rtruediv__"]),
-    _op("rsqrt", H, ["rsqrt"], methods=["rsqrt"]),
-    _op("softplus", H, ["nn.functional.softplus"], modules=["Softplus"]),
-    _op("trig", H, ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "erfinv",
-                    "special.erfinv"],
-        methods=["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "erfinv"],
-        bounded=True),
+    _op("exp", H, ["exp", "exp2"], out=Out.FLOAT),
+    _op("expm1", H, ["expm1"], out=Out.FLOAT),
+    _op("log", H, ["log", "log2", "log10", "xlogy"], out=Out.FLOAT),
+    _op("log1p", H, ["log1p"], out=Out.FLOAT),
+    # x ** 2 overflows fp16 from 256 on; ``x * x`` and ``square`` are spellings of it.
+    _op("pow", H, ["pow", "float_power", "square"], functions=[operator.pow, operator.ipow]),
+    _op("reciprocal", H, ["reciprocal"], out=Out.FLOAT),
+    _op("rsqrt", H, ["rsqrt"], out=Out.FLOAT),
+    _op("softplus", H, ["softplus"], modules=["Softplus"], out=Out.FLOAT),
+    _op("trig", H, ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "arcsin",
+                    "arccos", "arctan", "asinh", "acosh", "atanh", "arcsinh", "arccosh",
+                    "arctanh", "erfinv"],
+        bounded=True, out=Out.FLOAT),
+    _op("special", H, _SPECIAL, out=Out.FLOAT,
+        why="steep, poles or long tails; several have no low-precision kernel"),
     # FP32: reductions (a long fp16 sum overflows or stops growing).
-    _op("sum", H, ["sum", "nansum"], methods=["sum", "nansum"]),
-    _op("prod", H, ["prod"], methods=["prod"]),
-    _op("cumsum", H, ["cumsum", "cumprod"], methods=["cumsum", "cumprod"]),
-    _op("mean", H, ["mean", "nanmean"], methods=["mean", "nanmean"]),
-    _op("var", H, ["var", "std", "var_mean", "std_mean"],
-        methods=["var", "std", "var_mean", "std_mean"]),
-    _op("logsumexp", H, ["logsumexp", "special.logsumexp"], methods=["logsumexp", "logcumsumexp"]),
-    _op("norm", H, ["norm", "linalg.norm", "linalg.vector_norm", "linalg.matrix_norm", "renorm",
-                    "dist", "cdist", "nn.functional.pdist", "nn.functional.cosine_similarity",
-                    "nn.functional.pairwise_distance"],
-        methods=["norm", "renorm", "dist"], modules=["CosineSimilarity", "PairwiseDistance"]),
+    _op("sum", H, ["sum", "nansum", "trace", "trapezoid", "trapz", "cumulative_trapezoid",
+                   "sum_to_size"]),
+    _op("prod", H, ["prod"]),
+    _op("cumsum", H, ["cumsum", "cumprod"]),
+    _op("mean", H, ["mean", "nanmean"], out=Out.FLOAT),
+    _op("var", H, ["var", "std", "var_mean", "std_mean", "cov", "corrcoef"], out=Out.FLOAT),
+    _op("logsumexp", H, ["logsumexp", "logcumsumexp"], out=Out.FLOAT),
+    _op("quantile", H, ["quantile", "nanquantile", "histc", "histogram", "histogramdd",
+                        "bincount"],
+        why="sorts and interpolates; no low-precision kernel"),
+    _op("norm", H, ["norm", "native_norm", "norm_except_dim", "vector_norm", "matrix_norm",
+                    "frobenius_norm", "nuclear_norm", "renorm", "dist", "cdist", "pdist",
+                    "cosine_similarity", "pairwise_distance"],
+        modules=["CosineSimilarity", "PairwiseDistance"], out=Out.FLOAT),
+    _op("linalg", H, _LINALG, out=Out.FLOAT,
+        why="factorizations and solves amplify rounding; no low-precision kernels"),
+    _op("linalg_tuple", H, _LINALG_TUPLES, out=Out.TUPLE,
+        why="as linalg; results are tuples (with integer pivots, complex eigenvalues)"),
+    # FP32: FFT and complex numbers (no bf16 FFT; fp16 FFT needs power-of-two sizes).
+    _op("fft", H, _FFT, out=Out.COMPLEX, why="no bf16 FFT kernels; fp16 needs powers of two"),
+    _op("ifft_real", H, _IFFT_REAL, out=Out.REAL),
+    _op("complex", H, ["view_as_complex", "polar", "complex", "view_as_complex_copy"],
+        out=Out.COMPLEX),
+    _op("angle", H, ["angle"], out=Out.REAL),
+    _op("complex_parts", N, ["view_as_real", "real", "imag", "conj", "conj_physical",
+                             "resolve_conj", "resolve_neg", "fft.fftfreq", "fft.rfftfreq",
+                             "view_as_real_copy"],
+        out=Out.REAL),
+    # FP32: sampling (coordinates lose sub-pixel precision; bf16 grid_sample on CPU returns
+    # garbage, 9.5e31 errors measured with torch 2.13).
+    _op("sampling", H, ["grid_sample", "affine_grid", "grid_sampler", "grid_sampler_2d",
+                        "grid_sampler_3d", "affine_grid_generator"], out=Out.FLOAT),
     # PROMOTE: elementwise arithmetic and activations run in the widest float input.
-    Family("arith", P, (operator.add, operator.sub, operator.mul, operator.truediv,
-                        operator.neg, operator.iadd, operator.isub, operator.imul,
-                        operator.itruediv, operator.floordiv, operator.mod,
-                        *_fns("add", "sub", "subtract", "mul", "multiply", "div", "divide",
-                              "true_divide", "neg", "negative", "rsub", "addcmul", "addcdiv",
-                              "lerp", "square", "sqrt", "abs", "sign", "floor_divide",
-                              "remainder", "fmod", "clamp", "clip", "where", "erf", "special.erf",
-                              "frac", "trunc", "round", "floor", "ceil", "nan_to_num",
-                              "masked_fill", "hypot", "atan2")),
-           methods=("add", "sub", "mul", "div", "true_divide", "neg", "__neg__", "rsub",
-                    "addcmul", "addcdiv", "lerp", "square", "sqrt", "abs", "sign",
-                    "clamp", "clip", "where", "erf", "floor", "ceil", "round", "trunc",
-                    "masked_fill", "__add__", "__radd__", "__sub__", "__rsub__", "__mul__",
-                    "__rmul__", "__truediv__", "__floordiv__", "__mod__", "fmod", "remainder",
-                    "nan_to_num", "atan2")),
-    _op("activation", P, ["nn.functional.gelu", "nn.functional.silu", "nn.functional.mish",
-                          "nn.functional.elu", "nn.functional.selu", "nn.functional.celu",
-                          "nn.functional.leaky_relu", "nn.functional.hardswish",
-                          "nn.functional.hardsigmoid", "nn.functional.softsign",
-                          "nn.functional.logsigmoid", "nn.functional.glu", "nn.functional.prelu",
-                          "nn.functional.tanhshrink", "nn.functional.softshrink",
-                          "nn.functional.hardshrink", "nn.functional.rrelu"],
-        methods=["gelu"],
+    _op("arith", P, ["add", "sub", "subtract", "mul", "multiply", "neg", "negative", "positive",
+                     "rsub", "addcmul", "addcdiv", "lerp", "abs", "absolute", "sign", "sgn",
+                     "floor_divide", "remainder", "fmod", "clamp", "clamp_min", "clamp_max",
+                     "clip", "where", "erf", "frac", "trunc", "fix", "round", "floor", "ceil",
+                     "nan_to_num", "masked_fill", "hypot", "atan2", "arctan2", "copysign",
+                     "heaviside", "deg2rad", "rad2deg", "diff", "cross", "kron", "index_add",
+                     "scatter_add", "scatter_reduce", "index_reduce", "threshold"],
+        functions=[operator.add, operator.sub, operator.mul, operator.neg, operator.iadd,
+                   operator.isub, operator.imul, operator.floordiv, operator.mod, operator.pos,
+                   operator.abs, operator.ifloordiv, operator.imod],
+        refine=_arith_refine),
+    _op("embedding_bag", P, ["embedding_bag"], modules=["EmbeddingBag"], numeric=False),
+    _op("div", P, ["div", "divide", "true_divide", "sqrt"],
+        functions=[operator.truediv, operator.itruediv], out=Out.FLOAT, refine=_arith_refine),
+    _op("activation", P, ["gelu", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
+                          "hardswish", "hardsigmoid", "softsign", "logsigmoid", "glu", "prelu",
+                          "tanhshrink", "softshrink", "hardshrink", "rrelu", "log_sigmoid",
+                          "_prelu_kernel"],
         modules=["GELU", "SiLU", "Mish", "ELU", "SELU", "CELU", "LeakyReLU", "Hardswish",
                  "Hardsigmoid", "Softsign", "LogSigmoid", "GLU", "PReLU", "Tanhshrink",
-                 "Softshrink", "Hardshrink", "RReLU"]),
-    _op("sigmoid", P, ["sigmoid", "nn.functional.sigmoid", "special.expit"],
-        methods=["sigmoid"], modules=["Sigmoid"], bounded=True),
-    _op("tanh", P, ["tanh", "nn.functional.tanh"], methods=["tanh"], modules=["Tanh"],
-        bounded=True),
-    _op("dropout", P, ["nn.functional.dropout", "nn.functional.dropout1d",
-                       "nn.functional.dropout2d", "nn.functional.dropout3d",
-                       "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
-                       "dropout"],
-        methods=["dropout"],
+                 "Softshrink", "Hardshrink", "RReLU", "Threshold"],
+        out=Out.FLOAT, lower=_ACTIVATION_LOWERINGS),
+    _op("sigmoid", P, ["sigmoid", "expit"], modules=["Sigmoid"], bounded=True, out=Out.FLOAT,
+        lower={nn.Sigmoid: lambda m, x, attr: (torch.sigmoid, (x,), {})}),
+    _op("tanh", P, ["tanh"], modules=["Tanh"], bounded=True, out=Out.FLOAT,
+        lower={nn.Tanh: lambda m, x, attr: (torch.tanh, (x,), {})}),
+    _op("dropout", P, ["dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+                       "feature_alpha_dropout", "feature_dropout", "native_dropout"],
         modules=["Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
-                 "FeatureAlphaDropout"]),
+                 "FeatureAlphaDropout"], random=True),
     # fold sums overlapping patches: not a pure copy.
-    _op("fold", P, ["nn.functional.fold"], modules=["Fold"]),
-    _op("avg_pool", P, ["nn.functional.avg_pool1d", "nn.functional.avg_pool2d",
-                        "nn.functional.avg_pool3d", "nn.functional.adaptive_avg_pool1d",
-                        "nn.functional.adaptive_avg_pool2d", "nn.functional.adaptive_avg_pool3d",
-                        "avg_pool1d", "adaptive_avg_pool1d", "_C._nn.avg_pool2d",
-                        "_C._nn.avg_pool3d", "_C._nn.adaptive_avg_pool2d",
-                        "_C._nn.adaptive_avg_pool3d", "nn.functional.lp_pool1d",
-                        "nn.functional.lp_pool2d"],
+    _op("fold", P, ["fold"], modules=["Fold"]),
+    _op("avg_pool", P, ["avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
+                        "adaptive_avg_pool2d", "adaptive_avg_pool3d", "lp_pool1d", "lp_pool2d",
+                        "lp_pool3d"],
         modules=["AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
-                 "AdaptiveAvgPool3d", "LPPool1d", "LPPool2d"]),
-    _op("interpolate", P, ["nn.functional.interpolate", "nn.functional.upsample",
-                           "nn.functional.upsample_nearest", "nn.functional.upsample_bilinear"],
+                 "AdaptiveAvgPool3d", "LPPool1d", "LPPool2d", "LPPool3d"]),
+    _op("interpolate", P, ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
+                           "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+                           "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
+                           "upsample_trilinear3d"],
         modules=["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"],
         # Nearest modes copy values (exact in any dtype); every other mode averages.
-        classify=_interpolate_precision),
+        classify=_interpolate,
+        lower={nn.Upsample: _upsample, nn.UpsamplingNearest2d: _upsample,
+               nn.UpsamplingBilinear2d: _upsample}),
+    # Factories: no float input; the value is made as the model makes it (fp32 by default).
+    _op("factory", P, ["zeros", "ones", "empty", "full", "eye", "linspace", "logspace",
+                       "empty_strided", "hann_window", "hamming_window", "blackman_window",
+                       "bartlett_window", "kaiser_window", "zeros_like", "ones_like",
+                       "empty_like", "full_like", "new_zeros", "new_ones", "new_empty",
+                       "new_full", "new_tensor", "tensor", "as_tensor", "scalar_tensor",
+                       "arange", "range", "asarray", "from_numpy"],
+        out=Out.FACTORY, probe=False),
+    _op("random", P, ["rand", "randn", "normal", "rand_like", "randn_like", "bernoulli",
+                      "poisson", "binomial", "uniform", "exponential", "cauchy", "log_normal",
+                      "geometric", "random", "_standard_gamma", "_sample_dirichlet"],
+        out=Out.FACTORY, random=True, probe=False),
     # NEUTRAL: exact in any dtype (copies, selections, sign-preserving clamps at 0).
-    _op("relu", N, ["relu", "relu_", "nn.functional.relu", "nn.functional.relu6",
-                    "nn.functional.hardtanh"],
-        methods=["relu", "relu_"], modules=["ReLU", "ReLU6", "Hardtanh"]),
-    _op("max_pool", N, ["nn.functional.max_pool1d", "nn.functional.max_pool2d",
-                        "nn.functional.max_pool3d", "nn.functional.adaptive_max_pool1d",
-                        "nn.functional.adaptive_max_pool2d", "nn.functional.adaptive_max_pool3d",
-                        "max_pool1d", "max_pool2d", "max_pool3d"],
+    _op("relu", N, ["relu", "relu6", "hardtanh"], modules=["ReLU", "ReLU6", "Hardtanh"],
+        lower={nn.ReLU: lambda m, x, attr: (F.relu, (x,), {"inplace": m.inplace})}),
+    _op("max_pool", N, ["max_pool1d", "max_pool2d", "max_pool3d", "adaptive_max_pool1d",
+                        "adaptive_max_pool2d", "adaptive_max_pool3d", "max_unpool1d",
+                        "max_unpool2d", "max_unpool3d", "fractional_max_pool2d",
+                        "fractional_max_pool3d", "max_pool1d_with_indices",
+                        "max_pool2d_with_indices", "max_pool3d_with_indices",
+                        "adaptive_max_pool1d_with_indices", "adaptive_max_pool2d_with_indices",
+                        "adaptive_max_pool3d_with_indices", "fractional_max_pool2d_with_indices",
+                        "fractional_max_pool3d_with_indices"],
         modules=["MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d",
-                 "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]),
-    _op("embedding", N, ["nn.functional.embedding", "embedding"], modules=["Embedding"],
-        numeric=False),
+                 "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "MaxUnpool1d", "MaxUnpool2d",
+                 "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d"]),
+    _op("embedding", N, ["embedding"], modules=["Embedding"], numeric=False,
+        lower={nn.Embedding: lambda m, x, attr: (F.embedding, (
+            x, attr("weight"), m.padding_idx, m.max_norm, m.norm_type, m.scale_grad_by_freq,
+            m.sparse), {})}),
     _op("index", N, ["gather", "index_select", "take_along_dim", "take", "masked_select",
-                     "narrow", "select", "diagonal", "tril", "triu"],
-        methods=["gather", "index_select", "take_along_dim", "take", "masked_select",
-                 "narrow", "select", "diagonal", "tril", "triu", "__getitem__"],
-        numeric=False),
-    Family("getitem", N, (operator.getitem,), numeric=False),
+                     "narrow", "narrow_copy", "select", "diagonal", "diag", "diag_embed",
+                     "diagflat", "tril", "triu", "index_copy", "index_fill", "index_put",
+                     "scatter", "masked_scatter", "put", "select_scatter", "slice_scatter",
+                     "diagonal_scatter", "as_strided_scatter", "block_diag", "cartesian_prod",
+                     "combinations"],
+        numeric=False, classify=_accumulates),
+    _op("getitem", N, [], functions=[operator.getitem], methods=["__getitem__"], numeric=False,
+        out=Out.ITEM, probe=False),
     # Writes made explicit by the functionalize pass: copies of values, exact in any dtype.
-    Family("setitem", N, (runtime.setitem,), numeric=False),
-    Family("write_view", N, (runtime.write_view,), numeric=False),
+    Family("setitem", N, (runtime.setitem, operator.setitem), ("__setitem__",), numeric=False,
+           probe=False),
+    Family("write_view", N, (runtime.write_view,), numeric=False, probe=False),
+    # In-place fills and copies (after functionalize: on private clones or graph inputs).
+    _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False),
+    # Autograd and storage bookkeeping: the value passes through unchanged.
+    _op("autograd", N, ["requires_grad_", "retain_grad", "register_hook",
+                        "register_post_accumulate_grad_hook", "backward", "record_stream",
+                        "share_memory_", "module_load"], probe=False),
     _op("shape", N, ["reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
-                     "transpose", "swapaxes", "movedim", "t", "broadcast_to", "flip", "roll",
-                     "rot90", "clone", "detach", "atleast_1d", "atleast_2d", "atleast_3d",
-                     "nn.functional.pixel_shuffle", "nn.functional.pixel_unshuffle",
-                     "nn.functional.pad", "nn.functional.unfold",
-                     "nn.functional.channel_shuffle"],
-        methods=["view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze",
-                 "unsqueeze", "permute", "transpose", "swapaxes", "movedim", "t", "expand",
-                 "expand_as", "repeat", "repeat_interleave", "tile", "contiguous", "flip",
-                 "roll", "clone", "detach", "unfold", "chunk", "split", "unbind",
-                 "tensor_split", "mT", "T"],
+                     "transpose", "swapaxes", "swapdims", "movedim", "moveaxis", "t", "adjoint",
+                     "broadcast_to", "flip", "fliplr", "flipud", "roll", "rot90", "clone",
+                     "detach", "atleast_1d", "atleast_2d", "atleast_3d", "pixel_shuffle",
+                     "pixel_unshuffle", "pad", "constant_pad_nd", "unfold", "channel_shuffle",
+                     "native_channel_shuffle", "ravel", "view", "view_as", "reshape_as",
+                     "expand", "expand_as", "repeat", "contiguous", "as_strided", "alias",
+                     "reflection_pad1d", "reflection_pad2d", "reflection_pad3d",
+                     "replication_pad1d", "replication_pad2d", "replication_pad3d",
+                     "squeeze_copy", "unsqueeze_copy", "view_copy", "permute_copy",
+                     "transpose_copy", "expand_copy", "t_copy", "detach_copy", "clone",
+                     "to_dense", "coalesce", "pin_memory",
+                     "cpu", "cuda", "align_as", "align_to", "refine_names", "rename",
+                     "fft.fftshift", "fft.ifftshift", "alias_copy", "as_strided_copy",
+                     "diagonal_copy", "select_copy", "slice_copy", "unfold_copy", "slice_inverse",
+                     "xpu", "ipu", "mtia", "__reversed__", "__deepcopy__"],
         modules=["Flatten", "Unflatten", "PixelShuffle", "PixelUnshuffle", "Identity",
-                 "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d", "ConstantPad2d",
-                 "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d",
-                 "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d"]),
+                 "ChannelShuffle", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d",
+                 "ConstantPad2d", "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d",
+                 "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
+                 "CircularPad1d", "CircularPad2d", "CircularPad3d"],
+        lower={nn.Flatten: lambda m, x, attr: (torch.flatten, (x, m.start_dim, m.end_dim), {})}),
+    _op("split", N, ["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
+                     "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "hsplit",
+                     "vsplit", "dsplit", "meshgrid", "split_copy", "split_with_sizes_copy",
+                     "unbind_copy"], out=Out.SPLIT),
+    _op("broadcast", N, ["broadcast_tensors"], out=Out.BROADCAST),
     _op("join", N, ["cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack",
-                    "split", "chunk", "unbind", "tensor_split", "repeat_interleave", "tile"]),
-    _op("minmax", N, ["max", "min", "amax", "amin", "maximum", "minimum", "topk", "sort",
-                      "kthvalue", "median", "cummax", "cummin"],
-        methods=["max", "min", "amax", "amin", "maximum", "minimum", "topk", "sort",
-                 "kthvalue", "median", "cummax", "cummin"]),
+                    "column_stack", "row_stack"], out=Out.CAT),
+    _op("repeat", N, ["repeat_interleave", "tile"]),
+    _op("minmax", N, ["max", "min", "amax", "amin", "maximum", "minimum", "median", "nanmedian",
+                      "msort", "fmax", "fmin"], out=Out.MINMAX),
+    _op("sort", N, ["topk", "sort", "kthvalue", "cummax", "cummin", "mode", "aminmax",
+                    "unique", "unique_consecutive"], out=Out.PAIR),
+    # Conversions: the precision is the dtype the model names.
+    _op("convert", N, ["to", "type", "float", "double", "half", "bfloat16"],
+        classify=_convert, out=Out.CONVERT, probe=False),
+    _op("convert_nonfloat", X, ["long", "int", "short", "bool", "byte", "char", "cfloat",
+                                "cdouble", "chalf"],
+        out=Out.CONVERT, probe=False),
+    # x.type_as(y): y's dtype, which the plan decides: the widest of the two, like arithmetic.
+    _op("type_as", P, ["type_as"], out=Out.CONVERT, probe=False),
+    # NONFLOAT: results that are not floats; what matters is that casts never change them.
+    _op("compare", X, ["eq", "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal",
+                       "less_equal", "not_equal", "isnan", "isinf", "isfinite", "isneginf",
+                       "isposinf", "isreal", "logical_and", "logical_or", "logical_not",
+                       "logical_xor", "any", "all", "isclose", "isin", "signbit"],
+        functions=[operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
+                   operator.not_, operator.and_, operator.or_, operator.xor, operator.invert],
+        out=Out.BOOL, probe=False),
+    _op("bitwise", X, ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+                       "bitwise_left_shift", "bitwise_right_shift", "gcd", "lcm"],
+        functions=[operator.lshift, operator.rshift], probe=False),
+    _op("indices", X, ["argmax", "argmin", "argsort", "nonzero", "nonzero_static",
+                       "searchsorted", "bucketize", "argwhere", "count_nonzero", "randint",
+                       "randint_like", "randperm", "multinomial", "tril_indices", "triu_indices",
+                       "one_hot", "unravel_index", "indices", "crow_indices", "col_indices",
+                       "row_indices", "ccol_indices", "indices_copy", "crow_indices_copy",
+                       "col_indices_copy", "row_indices_copy", "ccol_indices_copy"],
+        out=Out.INDEX, probe=False),
+    _op("metadata", X, ["size", "dim", "numel", "ndimension", "nelement", "stride",
+                        "element_size", "is_floating_point", "is_contiguous", "len",
+                        "get_device", "data_ptr", "is_complex", "storage_offset", "is_signed",
+                        "is_inference", "is_conj", "is_neg", "is_pinned", "is_set_to",
+                        "is_shared", "is_nonzero", "is_same_size", "is_tensor", "is_storage",
+                        "result_type", "can_cast", "promote_types", "sym_size", "sym_numel",
+                        "sym_stride", "untyped_storage", "dim_order", "has_names",
+                        "is_coalesced", "is_distributed", "dense_dim", "sparse_dim", "storage",
+                        "storage_type", "const_data_ptr", "hash_tensor", "sym_float", "sym_int",
+                        "sym_ite", "sym_max", "sym_min", "sym_not", "sym_sum", "__contains__",
+                        "__format__", "__repr__", "__get__", "__dlpack_device__",
+                        "ops.aten.sym_size.int",
+                        "ops.aten.sym_numel.default", "ops.aten.sym_stride.int"],
+        out=Out.NONTENSOR, metadata=True, probe=False),
+    _op("value", X, ["item", "tolist", "equal", "allclose", "__bool__", "__int__",
+                     "__float__", "__index__", "__long__", "__nonzero__", "__complex__",
+                     "numpy", "__array__", "__array_wrap__", "__dlpack__", "__reduce_ex__",
+                     "__setstate__"],
+        out=Out.NONTENSOR, probe=False),
+    Family("attribute", N, (builtins.getattr,), out=Out.ATTR, probe=False),
 ]
-_TABLE += [_op(fn, H, [f"nn.functional.{fn}"], modules=[mod]) for fn, mod in _LOSSES]
+for _fn, _mod in _LOSSES:
+    _TABLE.append(_op(_fn, H, [_fn, *_LOSS_ALIASES.get(_fn, [])], modules=[_mod]))
 
-FAMILIES: dict[str, Family] = {f.name: f for f in _TABLE}
+# Spellings whose bare names also exist with another meaning, or that moved family.
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad",
+                             "layout", "is_sparse", "names", "is_leaf", "grad_fn", "is_meta",
+                             "is_quantized", "itemsize", "nbytes"})
+
+_FAMILIES: dict[str, Family] = {f.name: f for f in _TABLE}
+FAMILIES: Mapping[str, Family] = MappingProxyType(_FAMILIES)
 
 _BY_FUNCTION: dict[object, Family] = {}
 _BY_METHOD: dict[str, Family] = {}
@@ -292,10 +663,9 @@ _BY_MODULE: dict[type, Family] = {}
 def register_family(family: Family) -> Family:
     """Add a family (or replace one of the same name) with all its spellings.
 
-    Rewrite passes use it for the functions they put into graphs, e.g. ``upsample_nearest``.
     Spellings already claimed by an earlier family keep that family.
     """
-    FAMILIES[family.name] = family
+    _FAMILIES[family.name] = family
     _reindex()
     return family
 
@@ -304,7 +674,7 @@ def _reindex() -> None:
     _BY_FUNCTION.clear()
     _BY_METHOD.clear()
     _BY_MODULE.clear()
-    for fam in FAMILIES.values():
+    for fam in _FAMILIES.values():
         for fn in fam.functions:
             _BY_FUNCTION.setdefault(fn, fam)
         for m in fam.methods:
@@ -339,59 +709,134 @@ def family_for_module(module_type: type) -> Family | None:
 
 
 def family_of(node: fx.Node, module: nn.Module | None = None) -> Family | None:
-    """The family of ``node``; ``module`` is the submodule a ``call_module`` node calls."""
+    """The family of ``node``; ``module`` is the submodule a ``call_module`` node calls.
+
+    Operator spellings are refined: ``x * x`` is ``pow``, ``1 / x`` is ``reciprocal``.
+    """
+    fam: Family | None = None
     if node.op == "call_function":
-        return family_for_function(node.target)
-    if node.op == "call_method":
-        return family_for_method(str(node.target))
-    if node.op == "call_module" and module is not None:
-        return family_for_module(type(module))
-    return None
+        fam = family_for_function(node.target)
+        if fam is None and getattr(node.target, "__name__", "").endswith("_"):
+            fam = family_for_function(getattr(torch, node.target.__name__[:-1], None))
+    elif node.op == "call_method":
+        fam = family_for_method(str(node.target))
+    elif node.op == "call_module" and module is not None:
+        fam = family_for_module(type(module))
+    if fam is not None and fam.refine is not None and node.op != "call_module":
+        other = fam.refine(node)
+        if other is not None:
+            return _FAMILIES[other]
+    return fam
 
 
-def precision_of(node: fx.Node, family: Family, module: nn.Module | None = None) -> Precision:
-    """The family's precision for this particular node (e.g. interpolate by mode)."""
+def precision_of(node: fx.Node, family: Family, module: nn.Module | None,
+                 low: torch.dtype) -> tuple[Precision, str]:
+    """The family's precision for this node and the reason (interpolate by mode, ...)."""
     if family.name == "interpolate" and node.op == "call_module":
         mode = getattr(module, "mode", "nearest")
-        return Precision.NEUTRAL if mode in ("nearest", "nearest-exact") else Precision.PROMOTE
-    if family.classify is not None:
-        return family.classify(node)
-    return family.precision
+        if mode in ("nearest", "nearest-exact"):
+            return Precision.NEUTRAL, f"{mode} upsample copies values: exact in any dtype"
+    elif family.classify is not None:
+        refined = family.classify(node, low)
+        if refined is not None:
+            return refined
+    return family.precision, f"op family '{family.name}'"
+
+
+def op_name(node: fx.Node) -> str:
+    """The bare name of a node's op: ``add`` for ``operator.add``, ``torch.add`` or ``x.add``."""
+    t = node.target
+    return t if isinstance(t, str) else getattr(t, "__name__", "")
+
+
+def qualified_name(node: fx.Node) -> str:
+    """``torch.foo`` / ``Tensor.foo`` / ``mymodule.foo``: how a user would spell the op."""
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    t = node.target
+    module = getattr(t, "__module__", None) or ""
+    module = {"torch._C._nn": "torch.nn.functional", "torch._C._special": "torch.special",
+              "torch._C._linalg": "torch.linalg", "torch._C._fft": "torch.fft",
+              "torch._C._VariableFunctions": "torch", "_operator": "operator"}.get(module, module)
+    name = getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+    if module.startswith("torch._C") or not module:
+        module = "torch"
+    return f"{module}.{name}"
+
+
+def reads_values(node: fx.Node) -> bool:
+    """False when ``node`` reads only metadata of its inputs (``x.size()``, ``x.shape``)."""
+    if node.target is builtins.getattr and len(node.args) > 1:
+        return node.args[1] not in _METADATA_ATTRS
+    fam = family_of(node)
+    if fam is not None:
+        return not fam.metadata
+    return not op_name(node).startswith("sym_")
+
+
+def lowering(module: nn.Module) -> Lowering | None:
+    """The module form -> function rule for exactly this module class (subclasses may differ)."""
+    fam = family_for_module(type(module))
+    return fam.lower.get(type(module)) if fam is not None else None
 
 
 def families_markdown() -> str:
     """The op-family table as Markdown (docs/families.md is this output)."""
+    from .coverage import coverage
+
     def spell(f: Family) -> str:
-        module = {"_operator": "operator"}
-        names = [f"`{module.get(fn.__module__, fn.__module__ or 'torch')}.{fn.__name__}`"
-                 for fn in f.functions]
+        names = [f"`{_spelled(fn)}`" for fn in f.functions]
         names += [f"`Tensor.{m}`" for m in f.methods]
         names += [f"`nn.{m.__name__}`" for m in f.modules]
         return ", ".join(names)
 
+    counts = coverage()
     lines = [
         "# Op families and precision classes",
         "",
         "Generated from `amprewrite/ops.py` by `amprewrite families > docs/families.md`;",
-        "a test fails when this file and the table disagree.",
+        "a test fails when this file and the registry disagree.",
         "",
-        "Unknown functions and methods are PROMOTE (they run in the widest float input, as under",
-        "autocast); unknown leaf modules are FP32 (they run on their own fp32 parameters).",
-        "`bounded` families end a position cone. Non-`numeric` families read integer inputs as",
-        "indices, so they do not start one.",
+        "An op the registry does not know runs in **fp32** with its inputs cast up, and the",
+        "report names it (`unknown op 'torch.foo': fp32; allow_low=['node:…'] to override`).",
+        "Unknown leaf modules run in fp32 on their own fp32 parameters. `bounded` families end a",
+        "position cone; `indices` families read integer inputs as indices, so they start none.",
+        "Before a node runs in low precision, its kernel is probed once per (op, dtype, device):",
+        "a missing or wrong low-precision kernel makes it an fp32 island.",
+        "",
+        "## Coverage of `torch.overrides.get_overridable_functions()`",
+        "",
+        "| | functions and Tensor methods |",
+        "|---|---|",
+        f"| in a family, float results | {counts['known']} |",
+        f"| in a family, no float results (`nonfloat`) | {counts['not float']} |",
+        f"| fp32 by default (reviewed list in `amprewrite/coverage.py`) | "
+        f"{counts['fp32 by default']} |",
+        f"| private (`_name`), not counted | {counts['private']} |",
         "",
     ]
     for cls in Precision:
-        fams = [f for f in FAMILIES.values() if f.precision == cls]
+        fams = [f for f in _FAMILIES.values() if f.precision == cls]
         if not fams:
             continue
         lines += [f"## {cls.name}", "", "| family | notes | spellings |", "|---|---|---|"]
         for f in fams:
-            notes = ", ".join(n for n, on in (("bounded", f.bounded), ("indices", not f.numeric),
-                                              ("per-node", f.classify is not None)) if on)
-            lines.append(f"| `{f.name}` | {notes} | {spell(f)} |")
+            notes = [n for n, on in (("bounded", f.bounded), ("indices", not f.numeric),
+                                     ("per-node", f.classify is not None or f.refine is not None),
+                                     ("random", f.random), ("needs float", f.needs_float))
+                     if on]
+            if f.why:
+                notes.append(f.why)
+            lines.append(f"| `{f.name}` | {', '.join(notes)} | {spell(f)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _spelled(fn: object) -> str:
+    module = getattr(fn, "__module__", None) or "torch"
+    module = {"_operator": "operator", "torch._C._nn": "torch._C._nn",
+              "torch._C._VariableFunctions": "torch"}.get(module, module)
+    return f"{module}.{getattr(fn, '__name__', fn)}"
 
 
 _reindex()

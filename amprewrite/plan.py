@@ -24,30 +24,17 @@ from torch import fx
 
 from . import meta as M
 from .meta import HIGH, LOW, info
-from .ops import Precision
+from .ops import Precision, reads_values
 
 __all__ = ["float_inputs", "plan_labels", "requirement"]
 
 _EPS = 1e-3
 _TUPLE = 1e15
-# Consumers that read only a tensor's metadata, never its values or dtype.
-_METADATA_READS = {"size", "dim", "numel", "ndimension", "nelement", "stride", "get_device",
-                   "is_contiguous", "__len__", "shape", "device", "ndim", "is_cuda",
-                   "requires_grad", "sym_size"}
-
-
 def float_inputs(node: fx.Node) -> list[fx.Node]:
     """The distinct inputs of ``node`` holding floats (tensors or tuples), in argument order."""
     out: list[fx.Node] = []
     fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
     return [n for n in dict.fromkeys(out) if info(n).has_float()]
-
-
-def _reads_metadata_only(node: fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if name == "getattr" and len(node.args) > 1:
-        name = node.args[1]
-    return name in _METADATA_READS or str(name).startswith("sym_size")
 
 
 def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtype) -> str | None:
@@ -66,7 +53,7 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     # Graph outputs and ops amprewrite leaves alone see the dtype the original model had.
     if consumer.op == "output" and not keep_io_dtype:
         return None
-    if _reads_metadata_only(consumer):
+    if not reads_values(consumer):
         return None
     orig = info(value).dtype
     if orig is None or (orig.is_floating_point and orig != low_dtype and orig.itemsize == 4):

@@ -10,7 +10,6 @@ derived only from them stay unknown, and amprewrite casts those with a run-time 
 from __future__ import annotations
 
 import builtins
-import operator
 
 import torch
 from torch import fx
@@ -18,43 +17,22 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
-from ..ops import family_of
+from ..ops import Out, family_of, op_name, reads_values
 
 __all__ = ["infer_dtypes"]
 
 _CONVERT = {
     "float": torch.float32, "double": torch.float64, "half": torch.float16,
     "bfloat16": torch.bfloat16, "long": torch.int64, "int": torch.int32, "short": torch.int16,
-    "bool": torch.bool, "byte": torch.uint8, "char": torch.int8,
+    "bool": torch.bool, "byte": torch.uint8, "char": torch.int8, "cfloat": torch.complex64,
+    "cdouble": torch.complex128, "chalf": torch.complex32,
 }
-_COMPARE = {"eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "isneginf",
-            "isposinf", "logical_and", "logical_or", "logical_not", "logical_xor", "any", "all",
-            "isclose", "isin", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-            "signbit", "is_nonzero", "equal"}
-_INDEX_OUT = {"argmax", "argmin", "argsort", "nonzero", "searchsorted", "bucketize",
-              "argwhere", "count_nonzero", "randint", "randperm", "multinomial"}
-_NONTENSOR = {"size", "dim", "numel", "ndimension", "nelement", "tolist", "item", "stride",
-              "element_size", "is_floating_point", "is_contiguous", "__len__", "get_device",
-              "data_ptr", "is_complex", "storage_offset"}
-_NONTENSOR_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout",
-                    "is_sparse", "names"}
-_FLOAT_FACTORIES = {"zeros", "ones", "empty", "rand", "randn", "eye", "linspace", "logspace",
-                    "normal", "empty_strided", "hann_window", "hamming_window", "zeros_like",
-                    "ones_like", "empty_like", "rand_like", "randn_like", "full_like", "new_zeros",
-                    "new_ones", "new_empty", "new_full", "new_tensor", "tensor", "as_tensor",
-                    "full", "scalar_tensor", "arange", "range"}
-_PAIR_OUT = {"topk", "sort", "kthvalue", "cummax", "cummin", "mode"}  # (values, indices)
-_SPLITS = {"split", "chunk", "unbind", "tensor_split", "split_with_sizes", "hsplit", "vsplit"}
-# Families whose integer inputs come out as floats (exp(int) is a float).
-_INT_TO_FLOAT_FAMILIES = {"exp", "expm1", "log", "log1p", "reciprocal", "rsqrt", "trig",
-                          "softmax", "log_softmax", "softmin", "mean", "var", "norm", "logsumexp",
-                          "sigmoid", "tanh", "activation", "normalize", "softplus"}
-_TRUE_DIVISION = {operator.truediv, operator.itruediv, torch.true_divide, torch.sqrt, torch.erf}
+_COMPLEX_OF = {torch.float64: torch.complex128, torch.float16: torch.complex32}
+_REAL_OF = {torch.complex128: torch.float64, torch.complex32: torch.float16}
 
 
 def _name(node: fx.Node) -> str:
-    t = node.target
-    return t if isinstance(t, str) else getattr(t, "__name__", "")
+    return op_name(node)
 
 
 def _dtype_arg(node: fx.Node) -> torch.dtype | None:
@@ -131,11 +109,12 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
         return M.info_from_value(obj)
     if node.op == "call_module":
         return _module_info(gm, node)
-    name = _name(node)
+    fam = family_of(node)
+    out = fam.out if fam is not None else None
     first = info(node.args[0]) if node.args else OTHER
-    if node.target is builtins.getattr:
-        return OTHER if node.args[1] in _NONTENSOR_ATTRS else first
-    if node.target is operator.getitem:
+    if out is Out.ATTR:
+        return OTHER if not reads_values(node) else first
+    if out is Out.ITEM:
         if first.kind == "seq":
             idx = node.args[1]
             if first.items and isinstance(idx, int) and -len(first.items) <= idx < len(first.items):
@@ -143,57 +122,79 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
             # A split's items are tensors of its input's dtype (None: unknown, still a tensor).
             return ValueInfo("tensor", first.dtype) if not first.items else OTHER
         return first
-    if name in _NONTENSOR:
+    if out is Out.NONTENSOR:
         return OTHER
-    if name in _CONVERT and node.op == "call_method":
-        return ValueInfo("tensor", _CONVERT[name])
-    if name in ("to", "type", "type_as"):
-        d = _dtype_arg(node)
-        if d is not None:
-            return ValueInfo("tensor", d)
-        other = [info(a) for a in node.args[1:] if isinstance(a, fx.Node)]
-        if other and other[0].kind == "tensor":
-            return ValueInfo("tensor", other[0].dtype)
-        if any(_reads_dtype(a) for a in (*node.args[1:], *node.kwargs.values())):
-            return UNKNOWN_TENSOR  # x.to(y.dtype) with y's dtype unknown: a conversion to it
-        return first
-    if name in _COMPARE:
+    if out is Out.CONVERT:
+        return _conversion(node, first)
+    if out is Out.BOOL:
         return ValueInfo("tensor", torch.bool)
-    if name in _INDEX_OUT:
+    if out is Out.INDEX:
         return ValueInfo("tensor", torch.int64)
-    if name in _PAIR_OUT or (name in ("max", "min", "median") and _reduces_along_dim(node)):
+    if out is Out.PAIR or (out is Out.MINMAX and _reduces_along_dim(node)):
         values, indices = ValueInfo("tensor", first.dtype), ValueInfo("tensor", torch.int64)
         return ValueInfo("seq", items=(values, indices))
-    if name in _SPLITS:
+    if out is Out.SPLIT:
         return ValueInfo("seq", dtype=first.dtype)
-    if name in _FLOAT_FACTORIES and node.op in ("call_function", "call_method"):
-        d = _dtype_arg(node)
-        if d is not None:
-            return ValueInfo("tensor", d)
-        if name.endswith("_like") or name.startswith("new_"):
-            return ValueInfo("tensor", first.dtype) if first.kind == "tensor" else UNKNOWN_TENSOR
-        if name in ("tensor", "as_tensor"):
-            return UNKNOWN_TENSOR  # the dtype follows the data
-        if name in ("arange", "range", "full", "scalar_tensor"):
-            # arange(n) of integers is int64; a float bound or fill value makes it float.
-            float_valued = _has_float_scalar(node)
-            return ValueInfo("tensor", torch.get_default_dtype() if float_valued else torch.int64)
-        return ValueInfo("tensor", torch.get_default_dtype())
-    if name in ("cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack"):
+    if out is Out.TUPLE:
+        return ValueInfo("seq")  # items of unknown dtypes: their casts are guarded
+    if out is Out.BROADCAST:
+        return ValueInfo("seq", items=tuple(_tensor_infos(node)))
+    if out is Out.FACTORY and node.op in ("call_function", "call_method"):
+        return _factory(node, first)
+    if out is Out.CAT:
         seq = node.args[0] if node.args else node.kwargs.get("tensors", ())
         infos = [info(a) for a in seq] if isinstance(seq, (list, tuple)) else []
         # An element we know nothing about makes the result's dtype unknown, not bool.
         return _promote([i if i.kind == "tensor" else UNKNOWN_TENSOR for i in infos], False,
                         False)
+    if out is Out.COMPLEX:
+        d = _promote(_tensor_infos(node), False, True).dtype
+        return ValueInfo("tensor", None if d is None else _COMPLEX_OF.get(d, torch.complex64))
+    if out is Out.REAL:
+        inputs = _tensor_infos(node)
+        d = inputs[0].dtype if inputs else torch.get_default_dtype()
+        if d is not None and d.is_complex:
+            d = _REAL_OF.get(d, torch.float32)
+        return ValueInfo("tensor", d)
     inputs = _tensor_infos(node)
     if not inputs:
         from_torch = (getattr(node.target, "__module__", "") or "").startswith("torch")
         return UNKNOWN_TENSOR if from_torch and node.op == "call_function" else OTHER
-    fam = family_of(node)
-    int_to_float = (fam is not None and fam.name in _INT_TO_FLOAT_FAMILIES) or (
-        node.target in _TRUE_DIVISION or (name in ("div", "true_divide", "sqrt")
-        and not node.kwargs.get("rounding_mode")))
+    int_to_float = out is Out.FLOAT and not node.kwargs.get("rounding_mode")
     return _promote(inputs, _has_float_scalar(node), int_to_float)
+
+
+def _conversion(node: fx.Node, first: ValueInfo) -> ValueInfo:
+    name = _name(node)
+    if name in _CONVERT and node.op == "call_method":
+        return ValueInfo("tensor", _CONVERT[name])
+    d = _dtype_arg(node)
+    if d is not None:
+        return ValueInfo("tensor", d)
+    other = [info(a) for a in node.args[1:] if isinstance(a, fx.Node)]
+    if other and other[0].kind == "tensor":
+        return ValueInfo("tensor", other[0].dtype)  # x.type_as(y), x.to(y)
+    if any(_reads_dtype(a) for a in (*node.args[1:], *node.kwargs.values())):
+        return UNKNOWN_TENSOR  # x.to(y.dtype) with y's dtype unknown: a conversion to it
+    return first
+
+
+def _factory(node: fx.Node, first: ValueInfo) -> ValueInfo:
+    name = _name(node)
+    d = _dtype_arg(node)
+    if d is not None:
+        return ValueInfo("tensor", d)
+    if name.endswith("_like") or name.startswith("new_"):
+        return ValueInfo("tensor", first.dtype) if first.kind == "tensor" else UNKNOWN_TENSOR
+    if name in ("tensor", "as_tensor", "asarray", "from_numpy"):
+        return UNKNOWN_TENSOR  # the dtype follows the data
+    if name in ("arange", "range", "full", "scalar_tensor"):
+        # arange(n) of integers is int64; a float bound or fill value makes it float.
+        float_valued = _has_float_scalar(node)
+        return ValueInfo("tensor", torch.get_default_dtype() if float_valued else torch.int64)
+    if node.op == "call_method" and first.kind == "tensor" and name.endswith("_"):
+        return first  # x.normal_(), x.uniform_(): in place, x's dtype
+    return ValueInfo("tensor", torch.get_default_dtype())
 
 
 def infer_dtypes(gm: fx.GraphModule) -> PassResult:

@@ -2,8 +2,10 @@
 
 Order of the rules, each overriding the previous (the reason of the last one is recorded):
 
-1. the op-family table (``amprewrite/ops.py``); unknown functions PROMOTE like autocast does,
-   unknown leaf modules run in FP32 on their own fp32 parameters; non-float values NONFLOAT;
+1. the op registry (``amprewrite/ops.py``); an op it does not know runs in FP32 with its inputs
+   cast up (named in the report), unknown leaf modules run in FP32 on their own fp32
+   parameters; ops whose low-precision kernel the probe finds missing or wrong are FP32 islands
+   (``amprewrite/kernels.py``); non-float values NONFLOAT;
 2. **position cones**: a float computed from an integer tensor (``arange``, ``position_ids``,
    timesteps) is FP32 up to and including the first bounded op (sin/cos/sigmoid/tanh/softmax) or
    LOW op: bf16 keeps only 769 distinct values of 0..4095, so positions would collide;
@@ -16,7 +18,6 @@ which keeps the residual stream of a transformer in fp32).
 
 from __future__ import annotations
 
-import builtins
 import operator
 
 import torch
@@ -24,15 +25,15 @@ from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
+from ..kernels import low_kernel_problem
 from ..meta import HIGH, LOW, info
-from ..ops import FAMILIES, Precision, family_of, precision_of
+from ..ops import FAMILIES, Precision, family_of, precision_of, qualified_name
 from ..plan import float_inputs
 from ..policy import Policy, Selector
+from ..report import REPORT_KEY
 
 __all__ = ["PaintPrecision", "matches"]
 
-_CONVERSIONS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
-                "bfloat16": torch.bfloat16}
 _ARANGE = {torch.arange, getattr(torch, "range", torch.arange)}
 
 
@@ -48,20 +49,6 @@ def matches(node: fx.Node, selector: Selector) -> bool:
     return path == selector or path.startswith(selector + ".")
 
 
-def _conversion_target(node: fx.Node) -> torch.dtype | None:
-    """The float dtype an explicit conversion (``x.float()``, ``x.to(torch.float32)``) names."""
-    if node.op != "call_method":
-        return None
-    name = str(node.target)
-    if name in _CONVERSIONS:
-        return _CONVERSIONS[name]
-    if name in ("to", "type"):
-        for a in (*node.args[1:], node.kwargs.get("dtype")):
-            if isinstance(a, torch.dtype):
-                return a if a.is_floating_point else None
-    return None
-
-
 class PaintPrecision:
     """Set ``meta[CLASS]``, ``meta[REASON]``, ``meta[FAMILY]`` and ``meta[NATURAL]``."""
 
@@ -75,6 +62,8 @@ class PaintPrecision:
         self._cones(gm)
         for node in M.each_node(gm.graph):
             self._override(node)
+        self._probe_kernels(gm, low)
+        self._note_unknown(gm)
         for node in M.each_node(gm.graph):
             node.meta[M.NATURAL] = self._natural(node, low)
         return PassResult(gm, True)
@@ -88,7 +77,9 @@ class PaintPrecision:
             cls, why = None, {"placeholder": "graph input", "get_attr": "parameter or buffer",
                               "output": "graph output"}[node.op]
         elif not value.has_float():
-            cls, why = Precision.NONFLOAT, "integer, bool or non-tensor value"
+            complex_ = value.kind == "tensor" and value.dtype is not None and value.dtype.is_complex
+            cls, why = Precision.NONFLOAT, ("complex value: its inputs keep the model's dtypes"
+                                            if complex_ else "integer, bool or non-tensor value")
         elif value.float_dtype() not in (None, torch.float32, low):
             cls = Precision.NONFLOAT
             why = f"{value.float_dtype()} value: computed as the model does"
@@ -98,18 +89,15 @@ class PaintPrecision:
             # After functionalize, only writes into a private clone or back into a graph input.
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta["amp_tied"] = True
-        elif (target := _conversion_target(node)) is not None:
-            cls = Precision.LOW if target == low else Precision.FP32
-            why = f"explicit conversion to {target} in the model"
         elif fam is not None:
-            cls, why = precision_of(node, fam, module), f"op family '{fam.name}'"
+            cls, why = precision_of(node, fam, module, low)
         elif node.op == "call_module":
             cls, why = Precision.FP32, (f"unknown module {type(module).__name__}: runs with its "
                                         "own fp32 parameters")
-        elif node.target is builtins.getattr:
-            cls, why = Precision.NEUTRAL, "attribute of a tensor"
         else:
-            cls, why = Precision.PROMOTE, "not in the op table: runs in the widest float input"
+            # Unknown means fp32: safe for any op; allow_low opts a node back in.
+            cls, why = Precision.FP32, (f"unknown op '{qualified_name(node)}': fp32; "
+                                        f"allow_low=['node:{node.name}'] to override")
         if (node.target is operator.getitem and node.args
                 and info(node.args[0]).kind == "seq"):
             node.meta["amp_tied"] = True  # an element of a tuple: cast the tuple's producer
@@ -172,6 +160,42 @@ class PaintPrecision:
                 node.meta[M.REASON] = f"allow_low={_show(sel)}: runs in its inputs' precision"
                 return
 
+    def _probe_kernels(self, gm: fx.GraphModule, low: torch.dtype) -> None:
+        """Nodes that may run low get an fp32 island where the low kernel is missing or wrong."""
+        device = torch.device(self.policy.device or "cpu")
+        try:
+            torch.empty(1, device=device)
+        except (RuntimeError, AssertionError):
+            _note(gm, f"kernels not probed: device '{device}' is not available here; transform "
+                      "on a machine that has it to check its low-precision kernels")
+            return
+        for node in M.each_node(gm.graph):
+            if node.meta.get(M.CLASS) not in (Precision.LOW, Precision.PROMOTE, Precision.NEUTRAL):
+                continue
+            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
+            if fam is None or not fam.probe or M.is_inplace(node) or not info(node).has_float():
+                continue
+            if not any(info(a).kind == "tensor" for a in float_inputs(node)):
+                continue
+            problem = low_kernel_problem(node, low, device, fam)
+            if problem is not None:
+                node.meta[M.CLASS] = Precision.FP32
+                node.meta[M.REASON] = f"fp32 island: {problem}"
+                node.meta.pop("amp_tied", None)
+
+    @staticmethod
+    def _note_unknown(gm: fx.GraphModule) -> None:
+        unknown: dict[str, list[str]] = {}
+        for node in gm.graph.nodes:
+            if node.meta.get(M.FAMILY) is None and node.op in ("call_function", "call_method") \
+                    and str(node.meta.get(M.REASON, "")).startswith("unknown op"):
+                unknown.setdefault(qualified_name(node), []).append(node.name)
+        for op, names in unknown.items():
+            shown = ", ".join(f"'node:{n}'" for n in names[:3]) + (", ..." if len(names) > 3
+                                                                    else "")
+            _note(gm, f"unknown op '{op}' ({len(names)} node{'s' * (len(names) > 1)}): fp32; "
+                      f"allow_low=[{shown}] to override")
+
     @staticmethod
     def _natural(node: fx.Node, low: torch.dtype) -> str | None:
         value = info(node)
@@ -190,6 +214,12 @@ class PaintPrecision:
         if not inputs:
             return HIGH  # a factory such as torch.ones(...): fp32 like the model
         return HIGH if HIGH in inputs or None in inputs else LOW
+
+
+def _note(gm: fx.GraphModule, text: str) -> None:
+    rep = gm.meta.get(REPORT_KEY)
+    if rep is not None and text not in rep.notes:
+        rep.notes.append(text)
 
 
 def _show(sel: Selector) -> str:

@@ -1,0 +1,95 @@
+"""How much of PyTorch the op registry covers: every function and Tensor method in
+``torch.overrides.get_overridable_functions()`` is in a family, on the reviewed list below of
+names that fall to the fp32 default, or private.
+
+>>> counts = coverage()
+>>> counts["unreviewed"]
+0
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .ops import family_for_function, family_for_method
+
+__all__ = ["FP32_BY_DEFAULT", "coverage", "overridable_ops"]
+
+# Public ops no family claims: they run in fp32 (the unknown-op default), which is right or
+# harmless for each. Reviewed by hand; the coverage test fails on any public op not here.
+FP32_BY_DEFAULT: frozenset[str] = frozenset({
+    # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32).
+    "lstm", "gru", "rnn_tanh", "rnn_relu",
+    # A composite traced through by both captures; only called whole by a symbolic trace.
+    "multi_head_attention_forward",
+    # Tuple of differences (arithmetic); rare in models.
+    "gradient",
+    # Sparse and MKL-DNN layouts: values of a sparse tensor, sparse matmuls, layout moves.
+    "values", "values_copy", "to_sparse", "sparse_mask", "to_mkldnn", "hsmm", "hspmm", "saddmm",
+    "smm", "sspaddmm", "sparse_resize_", "sparse_resize_and_clear_",
+    # Quantization: integer storage or fp32 scales; amprewrite leaves quantized models alone.
+    "dequantize", "int_repr", "quantize_per_channel", "quantize_per_tensor",
+    "quantize_per_tensor_dynamic", "q_per_channel_axis", "q_per_channel_scales",
+    "q_per_channel_zero_points", "q_scale", "q_zero_point", "qscheme", "quantized_batch_norm",
+    "quantized_gru_cell", "quantized_lstm_cell", "quantized_max_pool1d", "quantized_max_pool2d",
+    "quantized_max_pool3d", "quantized_rnn_relu_cell", "quantized_rnn_tanh_cell",
+    "fake_quantize_per_channel_affine", "fake_quantize_per_tensor_affine",
+    "fused_moving_avg_obs_fake_quant", "choose_qparams_optimized",
+    # Vendor kernels (FBGEMM int8/fp16 weights, MIOpen): their own precision contracts.
+    "fbgemm_linear_fp16_weight", "fbgemm_linear_fp16_weight_fp32_activation",
+    "fbgemm_linear_int8_weight", "fbgemm_linear_int8_weight_fp32_activation",
+    "fbgemm_linear_quantize_weight", "fbgemm_pack_gemm_matrix_fp16",
+    "fbgemm_pack_quantized_matrix", "miopen_batch_norm", "miopen_convolution",
+    "miopen_convolution_add_relu", "miopen_convolution_relu", "miopen_convolution_transpose",
+    "miopen_depthwise_convolution", "miopen_rnn",
+    # Python callbacks, storage resizing and advanced indexing by a C++ index object.
+    "apply_", "map_", "map2_", "resize", "resize_", "resize_as", "resize_as_", "set_", "index",
+    "autocast", "__get__", "resize_as_sparse_",
+})
+
+
+def _name(fn: object) -> str:
+    return getattr(fn, "__name__", None) or str(fn)
+
+
+@functools.cache
+def overridable_ops() -> tuple[tuple[str, str, object], ...]:
+    """(namespace, name, callable) for every overridable function and Tensor method."""
+    out = []
+    for ns, fns in torch.overrides.get_overridable_functions().items():
+        space = getattr(ns, "__name__", None)
+        if not isinstance(space, str):
+            continue  # Tensor properties (t.T, t.grad, ...): attributes, not calls
+        for fn in fns:
+            if not callable(fn):
+                continue
+            out.append((space, _name(fn), fn))
+    return tuple(sorted(out, key=lambda t: (t[0], t[1])))
+
+
+def status(space: str, name: str, fn: object) -> str:
+    """'known' / 'not float' / 'fp32 by default' / 'private' / 'unreviewed'."""
+    fam = family_for_method(name) if space == "Tensor" else family_for_function(fn)
+    if fam is None and space != "Tensor" and name.endswith("_"):
+        fam = family_for_function(getattr(torch, name[:-1], None))
+    if fam is None and space != "Tensor":
+        fam = family_for_method(name)
+    if fam is not None:
+        from .ops import Precision
+
+        return "not float" if fam.precision == Precision.NONFLOAT else "known"
+    if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+        return "private"
+    if name in FP32_BY_DEFAULT:
+        return "fp32 by default"
+    return "unreviewed"
+
+
+def coverage() -> dict[str, int]:
+    """Counts per status over :func:`overridable_ops`."""
+    counts = dict.fromkeys(("known", "not float", "fp32 by default", "private", "unreviewed"), 0)
+    for space, name, fn in overridable_ops():
+        counts[status(space, name, fn)] += 1
+    return counts

@@ -117,6 +117,9 @@ class Family:
         default=None, compare=False)
     refine: Callable[[fx.Node], str | None] | None = field(default=None, compare=False)
     why: str = ""  # one line for docs/families.md: why this class
+    # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
+    # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
+    op_names: tuple[str, ...] = ()
 
 
 # --- spellings ----------------------------------------------------------------------------------
@@ -384,7 +387,7 @@ _TABLE: list[Family] = [
         lower={cls: _conv_t for cls in _CONV_T}),
     _op("matmul", L, ["matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv",
                       "einsum", "tensordot", "chain_matmul", "multi_dot", "dot", "vdot", "inner",
-                      "outer", "ger", "addr", "vecdot", "_addmm_activation"],
+                      "outer", "ger", "addr", "vecdot", "_addmm_activation", "_grouped_mm"],
         functions=[operator.matmul], needs_float=True),
     _op("rnn_cell", L, ["lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"],
         needs_float=True),
@@ -658,6 +661,7 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(_FAMILIES)
 _BY_FUNCTION: dict[object, Family] = {}
 _BY_METHOD: dict[str, Family] = {}
 _BY_MODULE: dict[type, Family] = {}
+_BY_OP_NAME: dict[str, Family] = {}
 
 
 def register_family(family: Family) -> Family:
@@ -674,7 +678,10 @@ def _reindex() -> None:
     _BY_FUNCTION.clear()
     _BY_METHOD.clear()
     _BY_MODULE.clear()
+    _BY_OP_NAME.clear()
     for fam in _FAMILIES.values():
+        for name in fam.op_names:
+            _BY_OP_NAME.setdefault(name, fam)
         for fn in fam.functions:
             _BY_FUNCTION.setdefault(fn, fam)
         for m in fam.methods:
@@ -684,11 +691,23 @@ def _reindex() -> None:
 
 
 def family_for_function(fn: object) -> Family | None:
-    """The family of a ``call_function`` target, or None."""
+    """The family of a ``call_function`` target, or None.
+
+    ``torch.ops`` operators map by name: ATen ones by their base name (``aten::add.Tensor`` is
+    ``torch.add``'s family), custom ones by a family's ``op_names``.
+    """
     try:
-        return _BY_FUNCTION.get(fn)
+        fam = _BY_FUNCTION.get(fn)
     except TypeError:  # unhashable target
         return None
+    if fam is None and isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        qualified = (fn._qualified_op_name if isinstance(fn, torch._ops.OpOverloadPacket)
+                     else fn.name().split(".")[0])
+        fam = _BY_OP_NAME.get(qualified)
+        space, _, base = qualified.partition("::")
+        if fam is None and space == "aten":
+            fam = _BY_FUNCTION.get(getattr(torch, base, None)) or family_for_method(base)
+    return fam
 
 
 def family_for_method(name: str) -> Family | None:
@@ -788,6 +807,7 @@ def families_markdown() -> str:
         names = [f"`{_spelled(fn)}`" for fn in f.functions]
         names += [f"`Tensor.{m}`" for m in f.methods]
         names += [f"`nn.{m.__name__}`" for m in f.modules]
+        names += [f"`torch.ops.{n.replace('::', '.')}`" for n in f.op_names]
         return ", ".join(names)
 
     counts = coverage()

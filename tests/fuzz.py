@@ -106,6 +106,19 @@ UNARY = {
     "where": lambda m, x, ids: torch.where(x > 0, x, 0.1 * x),
     "clamp": lambda m, x, ids: x.clamp(-2, 2),
     "dropout_eval": lambda m, x, ids: F.dropout(x, 0.5, training=False),
+    # Families of the op registry beyond the first table (FFT, special, operator forms, ...).
+    "rfft_abs": lambda m, x, ids: torch.fft.irfft(torch.fft.rfft(x).abs(), n=FEAT) / FEAT,
+    "lgamma": lambda m, x, ids: torch.lgamma(x.abs() + 1) / FEAT,
+    "logit": lambda m, x, ids: torch.logit(torch.sigmoid(x), 1e-4) / 4,
+    "square": lambda m, x, ids: torch.square(torch.tanh(x)),
+    "self_mul": lambda m, x, ids: torch.tanh(x) * torch.tanh(x),
+    "reciprocal_op": lambda m, x, ids: 1.0 / (x.abs() + 1),
+    "atanh": lambda m, x, ids: torch.atanh(torch.tanh(x).clamp(-0.9, 0.9)),
+    "logcumsumexp": lambda m, x, ids: torch.logcumsumexp(x, -1) / FEAT,
+    "avg_pool1d": lambda m, x, ids: F.avg_pool1d(x.unsqueeze(1), 2).repeat_interleave(2, -1)
+    .squeeze(1),
+    "quantile": lambda m, x, ids: x - torch.quantile(x, 0.5, dim=-1, keepdim=True),
+    "in_place_exp": lambda m, x, ids: torch.tanh(x).clone().exp_(),
 }
 BINARY = {
     "add": lambda m, a, b, ids: a + b,
@@ -115,6 +128,9 @@ BINARY = {
     "mse_loss": lambda m, a, b, ids: a + F.mse_loss(a, b),
     "bce_logits": lambda m, a, b, ids: a + F.binary_cross_entropy_with_logits(a, torch.sigmoid(b)),
     "smooth_l1": lambda m, a, b, ids: a - F.smooth_l1_loss(a, b),
+    "logaddexp": lambda m, a, b, ids: torch.logaddexp(a, b) / 2,
+    "kl_div": lambda m, a, b, ids: a + torch.kl_div(F.log_softmax(a, -1), F.softmax(b, -1))
+    .mean(),
 }
 OPS = {**UNARY, **BINARY}
 

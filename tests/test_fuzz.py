@@ -32,7 +32,8 @@ FUZZ = settings(max_examples=EXAMPLES or 60, derandomize=not EXAMPLES, deadline=
 TOL = {torch.bfloat16: 0.05, torch.float16: 0.01}
 
 SELECTABLE = ["softmax", "layer_norm", "linear", "exp", "log", "matmul", "conv", "group_norm",
-              "batch_norm", "sum", "mean", "cumsum", "trig", "interpolate", "embedding"]
+              "batch_norm", "sum", "mean", "cumsum", "trig", "interpolate", "embedding",
+              "special", "pow", "reciprocal", "fft", "quantile"]
 
 
 def _err(out, ref) -> float:

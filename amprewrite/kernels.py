@@ -15,9 +15,8 @@ When no candidate runs in fp32 either, the probe cannot tell and the node keeps 
 >>> from torch import fx
 >>> g = fx.Graph(); x = g.placeholder("x")
 >>> n = g.call_function(torch.nn.functional.avg_pool3d, (x, 2))
->>> low_kernel_problem(n, torch.float16, torch.device("cpu")) is None or "kernel" in \
-low_kernel_problem(n, torch.float16, torch.device("cpu"))
-True
+>>> low_kernel_problem(n, torch.float16, torch.device("cpu"))[:28]  # torch 2.13 CPU: no kernel
+'no float16 kernel on cpu (pr'
 """
 
 from __future__ import annotations

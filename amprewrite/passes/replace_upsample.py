@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 from torch.fx.passes.infra.pass_base import PassResult
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import meta as M
 from ..errors import PolicyError
+from ..kernels import disable_modes
 from ..ops import Family, Precision, register_family
 from ..policy import Policy
 from ..report import record
@@ -162,7 +162,7 @@ def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bo
     extra = {"align_corners": False} if mode in _RANK_OF_MODE else {}
     # Probe real kernels whatever the caller's context: under torch.no_grad() the backward
     # would fail, and inside torch.compile a fake-tensor mode may be active.
-    with _disable_current_modes(), torch.enable_grad():
+    with disable_modes(), torch.enable_grad():
         try:
             x = torch.ones((1, 1) + (2,) * (rank - 2), device=device_type, dtype=dtype,
                            requires_grad=True)

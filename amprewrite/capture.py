@@ -572,8 +572,7 @@ def _recapture(gm: fx.GraphModule) -> Capture:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
     for node in graph.nodes:
-        for key in (M.CLASS, M.LABEL, M.NATURAL, M.REASON):
-            node.meta.pop(key, None)
+        M.reset(node)
     cls = DynamoGraphModule if isinstance(gm, DynamoGraphModule) else fx.GraphModule
     new = _rebuild(gm, graph, lambda target: _get(gm, target), cls)
     training = getattr(gm, "_amp_captured_training", None)

@@ -27,8 +27,9 @@ from .capture import capture
 from .errors import AmpRewriteError
 from .numerics import check_numerics, find_fp32_nodes, rel_err
 from .ops import families_markdown
+from .passes import rewrite_passes
 from .policy import Policy, parse_dtype
-from .render import REWRITE_PASSES, graph_html, node_table, to_dot, to_svg
+from .render import graph_html, node_table, to_dot, to_svg
 from .report import report
 from .target import UsageError, load_target, parse_input
 
@@ -97,7 +98,7 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         model, policy, inputs, on_pass=(lambda n, g: steps.append((n, g.code))) if per_pass
         else None))
     rep = report(after)
-    rewritten = {r.node for r in rep.rewrites if r.pass_name in REWRITE_PASSES}
+    rewritten = {r.node for r in rep.rewrites if r.pass_name in rewrite_passes()}
     progress("writing files")
     if "text" in formats:
         write("before.py", before.code)

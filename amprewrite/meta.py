@@ -6,11 +6,36 @@ Graph invariants every pass may rely on after capture (and must preserve):
 - ``meta[MODULE_PATH]`` is the dotted path of the innermost module the node came from ("" = root),
   ``meta[MODULE_TYPES]`` the module types enclosing it, outermost first.
 - get_attr targets are the original model's qualified parameter/buffer names.
+
+Every key, who writes it and who reads it (each pass declares the same in its ``writes`` and
+``requires``; :func:`amprewrite.passes.run_pipeline` checks the order):
+
+==============  =====================================  ==========================================
+key             written by                             read by
+==============  =====================================  ==========================================
+ORIG            capture (dynamo), infer_dtypes, any    every pass
+                rewrite for the nodes it makes
+MODULE_PATH     capture (copied by copy_provenance)    reports, keep_fp32 / allow_low selectors
+MODULE_TYPES    capture (copied by copy_provenance)    keep_fp32 / allow_low by module type
+FORCE           replace_upsample                       paint_precision
+FAMILY          paint_precision                        plan, insert_casts, reports
+CLASS           paint_precision, insert_casts          plan, insert_casts, reports
+REASON          paint_precision, insert_casts          reports
+TIED            paint_precision                        plan (never cast the tied input)
+NATURAL         paint_precision, insert_casts          plan
+LABEL           insert_casts (the plan), store_params  insert_casts, reports
+CAST            insert_casts                           store_params, reports, re-transforms
+==============  =====================================  ==========================================
+
+``PASS_WRITTEN`` lists the keys a pass decides; a re-transform drops them (:func:`reset`) and
+keeps what capture wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import enum
 import operator
 import os
 import re
@@ -20,7 +45,8 @@ from typing import Literal
 import torch
 from torch import fx
 
-__all__ = ["ValueInfo", "current_node", "each_node", "source_line"]
+__all__ = ["PASS_WRITTEN", "PROVENANCE", "Label", "ValueInfo", "copy_provenance",
+           "current_node", "current_pass", "each_node", "reset", "source_line"]
 
 ORIG = "amp_orig"  # ValueInfo of the original model's value
 MODULE_PATH = "amp_module_path"
@@ -28,12 +54,42 @@ MODULE_TYPES = "amp_module_types"
 FAMILY = "amp_family"  # Family name or None
 CLASS = "amp_class"  # Precision
 REASON = "amp_reason"  # why the class was chosen
-NATURAL = "amp_natural"  # "high" / "low" / None: the precision the value is computed in
-LABEL = "amp_label"  # "high" / "low" / None: the dtype the value physically has after casts
+TIED = "amp_tied"  # True: the node's first float input is the same variable (in-place, tuple item)
+NATURAL = "amp_natural"  # Label or None: the precision the value is computed in
+LABEL = "amp_label"  # Label or None: the dtype the value physically has after casts
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
 
-HIGH, LOW = "high", "low"
+# Where a node came from: what every node a pass makes inherits from the node it replaces.
+PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
+# What passes decide: dropped when a transformed graph is transformed again.
+PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST)
+
+
+class Label(str, enum.Enum):
+    """The precision a float value is computed in or stored as: fp32 (HIGH) or the target dtype."""
+
+    HIGH = "high"
+    LOW = "low"
+
+
+HIGH, LOW = Label.HIGH, Label.LOW
+
+
+def copy_provenance(src: fx.Node, dst: fx.Node, value: bool = False) -> fx.Node:
+    """Give ``dst`` the module path, module types and source line of ``src`` (and with
+    ``value=True`` its ValueInfo too); returns ``dst``."""
+    keys = (*PROVENANCE, ORIG) if value else PROVENANCE
+    for key in keys:
+        if key in src.meta:
+            dst.meta[key] = src.meta[key]
+    return dst
+
+
+def reset(node: fx.Node) -> None:
+    """Drop what passes decided for ``node``; keep what capture knows about it."""
+    for key in PASS_WRITTEN:
+        node.meta.pop(key, None)
 
 
 @dataclass(frozen=True)
@@ -41,7 +97,9 @@ class ValueInfo:
     """What a node produces: a tensor (dtype, numel), a sequence of values, or something else.
 
     ``dtype is None`` on a tensor means the dtype is not known (a graph input traced without
-    example inputs); casts of such values are guarded at run time.
+    example inputs); casts of such values are guarded at run time. ``shape`` holds the
+    example's sizes; ``dynamic`` the dims whose size may differ at run time (a dynamic
+    dimension of a dynamo capture), so a rewrite must read them from the tensor.
     """
 
     kind: Literal["tensor", "seq", "other"]
@@ -49,6 +107,13 @@ class ValueInfo:
     numel: int | None = None
     items: tuple[ValueInfo, ...] = ()
     shape: tuple[int | None, ...] | None = None
+    dynamic: tuple[int, ...] = ()
+
+    def static_size(self, dim: int) -> int | None:
+        """The size of ``dim`` if it is known and fixed for every call, else None."""
+        if self.shape is None or not -len(self.shape) <= dim < len(self.shape):
+            return None
+        return None if dim % len(self.shape) in self.dynamic else self.shape[dim]
 
     @property
     def is_float(self) -> bool:
@@ -100,11 +165,21 @@ def _int_or_none(x: object) -> int | None:
         return None
 
 
+def _is_constant(s: torch.SymInt) -> bool:
+    try:
+        return s.node.is_constant() or s.node.maybe_as_int() is not None
+    except Exception:
+        return False
+
+
 def info_from_value(value: object) -> ValueInfo:
     """ValueInfo of a real or fake value (dynamo's ``example_value``, ShapeProp's results)."""
     if isinstance(value, torch.Tensor):
         shape = tuple(_int_or_none(s) for s in value.shape)
-        return ValueInfo("tensor", value.dtype, _int_or_none(value.numel()), shape=shape)
+        dynamic = tuple(d for d, s in enumerate(value.shape)
+                        if isinstance(s, torch.SymInt) and not _is_constant(s))
+        return ValueInfo("tensor", value.dtype, _int_or_none(value.numel()), shape=shape,
+                         dynamic=dynamic)
     if isinstance(value, (tuple, list)):
         return ValueInfo("seq", items=tuple(info_from_value(v) for v in value))
     return OTHER
@@ -150,20 +225,45 @@ def source_line(node: fx.Node) -> str | None:
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CURRENT: contextvars.ContextVar[fx.Node | None] = contextvars.ContextVar("amp_node", default=None)
+_PASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("amp_pass", default=None)
 
 
 def each_node(graph: fx.Graph, op: str | None = None):
     """Iterate over a snapshot of ``graph``'s nodes, remembering the current one for errors."""
-    for node in list(graph.nodes):
-        if op is None or node.op == op:
-            _CURRENT.set(node)
-            yield node
+    if op is None:
+        yield from each_node_of(graph.nodes)
+    elif op in ("call_function", "call_method"):  # find_nodes wants their target
+        yield from each_node_of([n for n in graph.nodes if n.op == op])
+    else:
+        yield from each_node_of(graph.find_nodes(op=op))
+
+
+def each_node_of(nodes):
+    """Iterate over a snapshot of ``nodes``, remembering the current one for errors."""
+    for node in list(nodes):
+        _CURRENT.set(node)
+        yield node
     _CURRENT.set(None)
 
 
 def current_node() -> fx.Node | None:
     """The node the running pass was on (for error messages)."""
     return _CURRENT.get()
+
+
+def current_pass() -> str | None:
+    """The name of the pass the pipeline is running (reports record rewrites under it)."""
+    return _PASS.get()
+
+
+@contextlib.contextmanager
+def running_pass(name: str):
+    """Make ``name`` the current pass for the duration of the block."""
+    token = _PASS.set(name)
+    try:
+        yield
+    finally:
+        _PASS.reset(token)
 
 
 def is_inplace(node: fx.Node) -> bool:

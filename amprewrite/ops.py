@@ -560,6 +560,12 @@ _TABLE: list[Family] = [
     Family("setitem", N, (runtime.setitem, operator.setitem), ("__setitem__",), numeric=False,
            probe=False),
     Family("write_view", N, (runtime.write_view,), numeric=False, probe=False),
+    # What other passes put into graphs (amprewrite/runtime.py): exact copies of values.
+    Family("upsample_nearest", N, (runtime.upsample_nearest,), numeric=False),
+    Family("batch_index", N, (runtime.batch_index,), numeric=False),
+    Family("batch_gather", N, (runtime.batch_gather,), numeric=False),
+    Family("memory_format_of", X, (runtime.memory_format_of,), numeric=False, out=Out.NONTENSOR,
+           metadata=True, probe=False),
     # In-place fills and copies (after functionalize: on private clones or graph inputs).
     _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False),
     # Autograd and storage bookkeeping: the value passes through unchanged.

@@ -32,15 +32,13 @@ _EPS = 1e-3
 _TUPLE = 1e15
 def float_inputs(node: fx.Node) -> list[fx.Node]:
     """The distinct inputs of ``node`` holding floats (tensors or tuples), in argument order."""
-    out: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), lambda n: out.append(n) or n)
-    return [n for n in dict.fromkeys(out) if info(n).has_float()]
+    return [n for n in node.all_input_nodes if info(n).has_float()]
 
 
 def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtype) -> str | None:
     """The label ``consumer`` needs ``value`` in, or None when any label will do (or no cast)."""
     cls = consumer.meta.get(M.CLASS)
-    if consumer.meta.get("amp_tied") and float_inputs(consumer)[:1] == [value]:
+    if consumer.meta.get(M.TIED) and float_inputs(consumer)[:1] == [value]:
         return None  # the tied input: same variable, never cast
     if cls == Precision.LOW:
         return LOW
@@ -94,7 +92,7 @@ def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
     rep: dict[fx.Node, fx.Node] = {}
     for n in nodes:  # tied nodes share their first input's variable
         first = float_inputs(n)[:1]
-        rep[n] = rep.get(first[0], first[0]) if n.meta.get("amp_tied") and first else n
+        rep[n] = rep.get(first[0], first[0]) if n.meta.get(M.TIED) and first else n
     free = {n for n in nodes if n.meta.get(M.NATURAL) is not None and _fixed(rep[n]) is None}
     for n in nodes:
         label = _fixed(rep[n])
@@ -155,7 +153,7 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
             if rep[c] is rep[u]:
                 continue
             if rep[c] in free and c.meta.get(M.CLASS) == Precision.NEUTRAL and not c.meta.get(
-                    "amp_tied"):
+                    M.TIED):
                 reqs.append(side(c))
             else:
                 r = requirement(c, u, keep_io_dtype, low_dtype)

@@ -11,21 +11,18 @@ from torch import fx
 
 from . import meta as M
 
-__all__ = ["COLORS", "REWRITE_PASSES", "graph_html", "node_rows", "node_table", "to_dot",
-           "to_svg"]
+__all__ = ["COLORS", "graph_html", "node_rows", "node_table", "to_dot", "to_svg"]
 
 COLORS = {
     "low": "#9ecae1",  # blue: runs in bf16/fp16
     "fp32": "#fdae6b",  # orange: kept in fp32
     "cast": "#d9d9d9",  # grey: a cast amprewrite inserted
-    "rewritten": "#a1d99b",  # green: made by a rewrite pass
+    "rewritten": "#a1d99b",  # green: made by a pass of kind REWRITE (passes.rewrite_passes)
     "promote": "#ffffff",
     "neutral": "#f7f7f7",
     "nonfloat": "#ffffff",
     "": "#ffffff",
 }
-# Passes whose nodes are drawn as "rewritten" (normalisation is not a rewrite of meaning).
-REWRITE_PASSES = frozenset({"vectorize_loops", "replace_upsample", "store_params"})
 
 
 def _target(n: fx.Node) -> str:

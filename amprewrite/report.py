@@ -99,11 +99,11 @@ class Report:
         return "\n".join(lines)
 
 
-def record(gm: fx.GraphModule, node: fx.Node, pass_name: str, action: str, reason: str) -> None:
-    """Add a Rewrite for ``node`` to the report being built on ``gm``."""
+def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
+    """Add a Rewrite for ``node`` to the report being built on ``gm``, under the running pass."""
     rep: Report | None = gm.meta.get(REPORT_KEY)
     if rep is not None:
-        rep.rewrites.append(Rewrite(node.name, pass_name, action, reason,
+        rep.rewrites.append(Rewrite(node.name, M.current_pass() or "", action, reason,
                                     node.meta.get(M.MODULE_PATH, "")))
 
 

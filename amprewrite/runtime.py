@@ -2,7 +2,8 @@
 
 They are plain functions of their arguments (no state, no registration): a pass puts a
 ``call_function`` node with one of them as target into the graph, and ``amprewrite/ops.py``
-gives each a row in the op table.
+gives each a row in the op table. Each is ``torch.fx.wrap``-ped, so re-tracing a transformed
+graph keeps it one node.
 
 >>> import torch
 >>> x = torch.zeros(2, 3)
@@ -15,11 +16,15 @@ gives each a row in the op table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import torch
 
-__all__ = ["ViewStep", "replay_view", "setitem", "write_view"]
+__all__ = ["ViewStep", "batch_gather", "batch_index", "cast_if_float", "memory_format_of",
+           "nearest_scale", "replay_view", "setitem", "upsample_nearest", "vmap_call",
+           "write_view"]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
@@ -47,4 +52,196 @@ def write_view(base: torch.Tensor, value: torch.Tensor, steps: Sequence[ViewStep
     tensor: what an in-place write through that view does to ``base``."""
     out = base.clone()
     replay_view(out, steps).copy_(value)
+    return out
+
+
+# --- casts ------------------------------------------------------------------------------------
+
+
+@torch.fx.wrap
+def cast_if_float(x, dtype: torch.dtype):
+    """``x.to(dtype)`` if ``x`` is a floating-point tensor, else ``x`` unchanged (the cast of a
+    value whose dtype the trace could not know).
+
+    >>> cast_if_float(torch.ones(2), torch.bfloat16).dtype
+    torch.bfloat16
+    >>> cast_if_float(torch.ones(2, dtype=torch.int64), torch.bfloat16).dtype
+    torch.int64
+    """
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return x.to(dtype)
+    return x
+
+
+# --- re-rolled loops --------------------------------------------------------------------------
+
+
+@torch.fx.wrap
+def batch_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``torch.stack([t[i][index[i]] for i in range(t.size(0))])`` in one indexing op.
+
+    >>> t, idx = torch.arange(12.0).reshape(2, 3, 2), torch.tensor([[2, 0], [1, 1]])
+    >>> torch.equal(batch_index(t, idx), torch.stack([t[i][idx[i]] for i in range(2)]))
+    True
+    """
+    rows = torch.arange(t.size(0), device=t.device).view(-1, *([1] * (index.dim() - 1)))
+    return t[rows, index]
+
+
+@torch.fx.wrap
+def batch_gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``torch.stack([torch.gather(t[i], 0, index[i]) for i in ...])`` as one gather.
+
+    >>> t, idx = torch.arange(6.0).reshape(2, 3), torch.tensor([[2, 0], [1, 1]])
+    >>> loop = torch.stack([torch.gather(t[i], 0, idx[i]) for i in range(2)])
+    >>> torch.equal(batch_gather(t, idx), loop)
+    True
+    """
+    return torch.gather(t, 1, index)
+
+
+@torch.fx.wrap
+def vmap_call(body: torch.nn.Module, in_dims: tuple, *args):
+    """``torch.stack([body(*per_sample_args(i)) for i in ...])`` as ``torch.vmap(body)``."""
+    return torch.vmap(body, in_dims=in_dims)(*args)
+
+
+# --- nearest upsampling -----------------------------------------------------------------------
+
+try:  # ATen's Tensor::suggest_memory_format, mirrored in Python
+    from torch._prims_common import suggest_memory_format as _suggest_memory_format
+except ImportError:  # older torch: the common cases
+
+    def _suggest_memory_format(x: torch.Tensor) -> torch.memory_format:
+        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(
+                memory_format=torch.channels_last):
+            return torch.channels_last
+        if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(
+                memory_format=torch.channels_last_3d):
+            return torch.channels_last_3d
+        return torch.contiguous_format
+
+# Past this output size the float32 index formula may drift from dst // s; use the gather.
+EXPAND_LIMIT = 1 << 22
+
+
+@torch.fx.wrap
+def memory_format_of(x: torch.Tensor) -> torch.memory_format:
+    """The memory format ATen gives a new tensor made from ``x`` (``channels_last`` in,
+    ``channels_last`` out): an upsample's output must match it, because the next conv's
+    summation order depends on it.
+
+    >>> memory_format_of(torch.ones(1, 3, 4, 4).to(memory_format=torch.channels_last))
+    torch.channels_last
+    """
+    return _suggest_memory_format(x)
+
+
+def _per_dim(value, k: int) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value] * k
+
+
+def nearest_scale(in_size: int, out_size: int, scale: float | None) -> float:
+    """``compute_scales_value<float>`` of ATen's UpSample.h, as the Python float of that f32."""
+    if scale is not None and scale > 0:
+        return torch.tensor(1.0 / scale, dtype=torch.float32).item()  # double 1/s as float
+    return (torch.tensor(float(in_size), dtype=torch.float32)
+            / torch.tensor(float(out_size), dtype=torch.float32)).item()
+
+
+def repeat_factor(in_size: int | None, out_size: int | None, scale: float | None,
+                  exact: bool) -> int | None:
+    """The integer s with source index ``dst // s`` for every dst, if ATen's formula gives it.
+
+    ``in_size``/``out_size`` None mean unknown until run time (a dynamic or untraced size);
+    then only a factor given as ``scale`` can be proved.
+    """
+    if in_size is not None and out_size is not None:
+        if out_size == in_size and not exact:
+            return 1  # ATen copies
+        if out_size == 2 * in_size and not exact:
+            return 2  # ATen shifts
+        if out_size % in_size or out_size >= EXPAND_LIMIT:
+            return None
+        s = out_size // in_size
+        if scale is not None and scale > 0 and scale != s:
+            return None  # the formula uses 1/scale, not in/out
+    elif scale is not None and scale > 0 and float(scale).is_integer():
+        s = int(scale)
+        if s == 2 and not exact:
+            return 2  # ATen shifts whenever out == 2 * in, which a factor of 2 guarantees
+        return None  # past EXPAND_LIMIT the float formula may drift: not provable unsized
+    else:
+        return None
+    if exact:
+        return s  # floor((dst + 0.5) / s) == dst // s, with margin 0.5/s against rounding
+    # floor(dst * f32(1/s)) == dst // s iff f32(1/s) did not round below 1/s.
+    return s if Fraction(nearest_scale(in_size, out_size, scale)) >= Fraction(1, s) else None
+
+
+def source_index(in_size: int, out_size: int, scale: float | None, exact: bool,
+                 device: torch.device) -> torch.Tensor:
+    """ATen's ``nearest_idx`` / ``nearest_exact_idx`` for every output position of one dim."""
+    dst = torch.arange(out_size, device=device)
+    if not exact and out_size == in_size:
+        return dst
+    if not exact and out_size == 2 * in_size:
+        return dst >> 1
+    f = nearest_scale(in_size, out_size, scale)
+    if exact:  # floorf((dst + 0.5) * scale): the product in double, floored as float
+        src = ((dst.double() + 0.5) * f).float().floor()
+    else:  # floorf(dst * scale) in float
+        src = (dst.float() * torch.tensor(f, dtype=torch.float32, device=device)).floor()
+    return src.long().clamp_(max=in_size - 1)
+
+
+def output_sizes(in_sizes: Sequence[int], size, scale_factor,
+                 recompute_scale_factor: bool | None) -> tuple[list[int], list[float | None]]:
+    """The output sizes ``F.interpolate`` computes, and the scale ATen's index formula uses."""
+    k = len(in_sizes)
+    if size is not None:
+        return _per_dim(size, k), [None] * k
+    factors = _per_dim(scale_factor, k)
+    out = [math.floor(float(i) * float(f)) for i, f in zip(in_sizes, factors)]
+    return out, ([None] * k if recompute_scale_factor else [float(f) for f in factors])
+
+
+@torch.fx.wrap
+def upsample_nearest(x: torch.Tensor, size=None, scale_factor=None, exact: bool = False,
+                     recompute_scale_factor: bool | None = None) -> torch.Tensor:
+    """``F.interpolate(x, size, scale_factor, mode="nearest" / "nearest-exact")``, bit for bit,
+    with sizes read at run time. ``replace_upsample`` inlines the same computation as graph
+    nodes; the graph calls this function only where the rank is unknown when tracing.
+
+    >>> import torch.nn.functional as F
+    >>> x = torch.arange(6.0).reshape(1, 1, 2, 3)
+    >>> torch.equal(upsample_nearest(x, scale_factor=2), F.interpolate(x, scale_factor=2))
+    True
+    """
+    in_sizes = list(x.shape[2:])
+    out_sizes, scales = output_sizes(in_sizes, size, scale_factor, recompute_scale_factor)
+    layout = _suggest_memory_format(x)
+    ints = [repeat_factor(i, o, s, exact) for i, o, s in zip(in_sizes, out_sizes, scales)]
+    if all(s is not None for s in ints):
+        # Every dim repeats each element s times: a broadcast copy, no index arithmetic.
+        out = repeat_dims(x, ints)
+    else:
+        out = x
+        for d in range(len(in_sizes)):
+            idx = source_index(in_sizes[d], out_sizes[d], scales[d], exact, x.device)
+            out = out.index_select(2 + d, idx)
+    return out.contiguous(memory_format=layout)
+
+
+def repeat_dims(x: torch.Tensor, factors: Sequence[int]) -> torch.Tensor:
+    """Each element of spatial dim d repeated ``factors[d]`` times:
+    ``x[:, :, :, None, :, None].expand(-1, -1, -1, s0, -1, s1).flatten(4, 5).flatten(2, 3)``."""
+    k = len(factors)
+    view = x[(slice(None), slice(None)) + (slice(None), None) * k]
+    shape = [-1] * (2 + 2 * k)
+    for d, s in enumerate(factors):
+        shape[3 + 2 * d] = s
+    out = view.expand(shape)
+    for d in reversed(range(k)):
+        out = out.flatten(2 + 2 * d, 3 + 2 * d)
     return out

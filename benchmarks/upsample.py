@@ -15,7 +15,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from amprewrite.passes.replace_upsample import upsample_nearest
+from amprewrite.runtime import upsample_nearest
 
 from .common import interleaved, save, table
 

@@ -29,9 +29,13 @@ def test_dump_writes_every_artefact(tmp_path):
         assert (out / name).stat().st_size > 0, name
     page = (out / "index.html").read_text()
     assert "<h2>before</h2>" in page and "<h2>after</h2>" in page
-    assert "batch_norm" in page and "upsample_nearest" in page
+    assert "batch_norm" in page and "expand" in page
     report = (out / "report.txt").read_text()
-    assert "re-rolled 2 iterations" in report and "upsample_nearest" in report
+    assert "re-rolled 2 iterations" in report and "expand/reshape subgraph" in report
+    # The upsample is inlined as plain ops: dump shows the expand/flatten nodes themselves.
+    after = (out / "after.py").read_text()
+    assert ".expand(" in after and ".flatten(" in after
+    assert "interpolate" not in after and "upsample" not in after
     assert "+    to = " in (out / "diff.patch").read_text()  # the diff shows inserted casts
     assert "fillcolor" in (out / "after.dot").read_text()
     passes = sorted(p.name for p in (out / "passes").iterdir())

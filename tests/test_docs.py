@@ -24,7 +24,7 @@ def test_demo_command_runs_and_reports():
         assert family in out
     assert "position cone" in out
     assert "re-rolled 2 iterations -> batch_index" in out  # vectorize_loops
-    assert "interpolate -> upsample_nearest" in out  # replace_upsample
+    assert "interpolate -> expand/reshape subgraph" in out  # replace_upsample, inlined
     assert "relative error against fp32" in out and "autocast" in out
 
 

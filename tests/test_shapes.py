@@ -16,7 +16,7 @@ from torch import nn
 import amprewrite
 from amprewrite import ShapeError, VerificationError
 from amprewrite.numerics import rel_err
-from benchmarks import zoo
+from amprewrite.testing import zoo
 
 from .helpers import unchanged
 

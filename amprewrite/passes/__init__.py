@@ -1,91 +1,167 @@
 """The pass pipeline: one list, in order, with the reason for each position.
 
-A pass is a callable ``GraphModule -> PassResult``. After each pass the graph is linted and the
-module recompiled; a failing pass is re-raised as :class:`~amprewrite.errors.PassError` naming
-the pass and the node it was on.
+Each pass is a :class:`~amprewrite.passes.base.Pass` bound to the policy. :func:`run_pipeline`
+checks that every meta key a pass requires is written by capture or an earlier pass, runs the
+passes with their names current (for the report and for errors), and lints and recompiles once
+at the end (after every pass in debug mode: ``AMPREWRITE_DEBUG=1`` or ``debug=True``). A failing
+pass is re-raised as :class:`~amprewrite.errors.PassError` naming the pass and the node it was on.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
+from .. import meta as M
 from ..errors import AmpRewriteError, PassError
-from ..meta import current_node
 from ..policy import Policy
-from .freeze_dtype_reads import freeze_dtype_reads
-from .functionalize import functionalize
-from .infer_dtypes import infer_dtypes
+from .base import CAPTURED, Kind, Pass
+from .freeze_dtype_reads import FreezeDtypeReads
+from .functionalize import Functionalize
+from .infer_dtypes import InferDtypes
 from .insert_casts import InsertCasts
-from .normalize import normalize_modules
+from .normalize import NormalizeModules
 from .paint_precision import PaintPrecision
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
-from .vectorize_loops import vectorize_loops
+from .vectorize_loops import VectorizeLoops
 
-__all__ = ["pipeline", "run_pipeline"]
+__all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes", "run_pipeline",
+           "run_until"]
 
-Pass = Callable[[fx.GraphModule], PassResult]
-
-
-def pipeline(policy: Policy) -> list[tuple[str, Pass]]:
-    """The passes of a transform, in the order they run."""
-    return [
-        # First: every later pass sees functional ops with get_attr weights, like dynamo's IR.
-        ("normalize_modules", normalize_modules),
-        # Needs the get_attr nodes normalize made; everything after reads meta[ORIG].
-        ("infer_dtypes", infer_dtypes),
-        # Right after: every later pass may assume no node changes a value another one reads
-        # (casts are placed right after values). Needs dtypes for in-place type promotion and
-        # after normalize, which lowers ReLU(inplace=True) to F.relu(..., inplace=True).
-        ("functionalize", functionalize),
-        # Before painting: a frozen x.dtype turns h.to(x.dtype) into a visible conversion.
-        ("freeze_dtype_reads", freeze_dtype_reads),
-        # Rewrite passes (exact, dtype-independent) go here: painting sees the final ops.
-        # First of them: re-rolling shrinks an unrolled loop B-fold for every later pass.
-        ("vectorize_loops", vectorize_loops),
-        # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
-        ("replace_upsample", ReplaceUpsample(policy)),
-        ("paint_precision", PaintPrecision(policy)),
-        ("insert_casts", InsertCasts(policy)),
-        # Last: it replaces weight casts that insert_casts made with stored low copies.
-        ("store_params", StoreParams(policy)),
-    ]
+PASSES: tuple[type[Pass], ...] = (
+    # First: every later pass sees functional ops with get_attr weights, like dynamo's IR.
+    NormalizeModules,
+    # Needs the get_attr nodes normalize made; everything after reads meta[ORIG].
+    InferDtypes,
+    # Right after: every later pass may assume no node changes a value another one reads
+    # (casts are placed right after values). Needs dtypes for in-place type promotion and
+    # after normalize, which lowers ReLU(inplace=True) to F.relu(..., inplace=True).
+    Functionalize,
+    # Before painting: a frozen x.dtype turns h.to(x.dtype) into a visible conversion.
+    FreezeDtypeReads,
+    # Rewrite passes (exact, dtype-independent) go here: painting sees the final ops.
+    # First of them: re-rolling shrinks an unrolled loop B-fold for every later pass.
+    VectorizeLoops,
+    # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
+    ReplaceUpsample,
+    PaintPrecision,
+    InsertCasts,
+    # Last: it replaces weight casts that insert_casts made with stored low copies.
+    StoreParams,
+)
 
 
-def run_pipeline(gm: fx.GraphModule, passes: list[tuple[str, Pass]],
+def pipeline(policy: Policy) -> list[Pass]:
+    """The passes of a transform, in the order they run, bound to ``policy``."""
+    return [cls(policy) for cls in PASSES]
+
+
+def rewrite_passes() -> frozenset[str]:
+    """Names of the passes whose nodes renderers draw as rewritten."""
+    return frozenset(cls.name for cls in PASSES if cls.kind is Kind.REWRITE)
+
+
+def check_order(passes: Sequence[Pass]) -> None:
+    """Raise if a pass requires a meta key that neither capture nor an earlier pass writes."""
+    available = set(CAPTURED)
+    for p in passes:
+        missing = [k for k in p.requires if k not in available]
+        if missing:
+            raise PassError(
+                f"amprewrite pass '{p.name}' requires node.meta keys {missing} that no earlier "
+                "pass writes; move it after the pass that writes them (see amprewrite/meta.py)."
+            )
+        available.update(p.writes)
+
+
+def _debug() -> bool:
+    return os.environ.get("AMPREWRITE_DEBUG", "") not in ("", "0")
+
+
+def run_pipeline(gm: fx.GraphModule, passes: Sequence[Pass],
                  timings: dict[str, float] | None = None,
-                 on_pass: Callable[[str, fx.GraphModule], None] | None = None
-                 ) -> fx.GraphModule:
-    """Run ``passes`` on ``gm`` in order, linting and recompiling after each.
+                 on_pass: Callable[[str, fx.GraphModule], None] | None = None,
+                 debug: bool | None = None) -> fx.GraphModule:
+    """Run ``passes`` on ``gm`` in order; lint and recompile once at the end.
 
-    ``on_pass(name, gm)`` is called after each pass (the CLI's ``--per-pass`` dumps).
+    ``on_pass(name, gm)`` is called after each pass with the module recompiled (the CLI's
+    ``--per-pass`` dumps). ``debug`` (default: ``AMPREWRITE_DEBUG``) lints and recompiles after
+    every pass that changed the graph, and checks that a pass wrote only the meta keys it declares.
     """
+    check_order(passes)
+    debug = _debug() if debug is None else debug
     done: list[str] = []
-    for name, fn in passes:
+    stale = False
+    for p in passes:
         start = time.perf_counter()
+        before = _meta_keys(gm) if debug else None
         try:
-            result = fn(gm)
-            gm = result.graph_module
-            gm.graph.lint()
-            gm.recompile()
+            with M.running_pass(p.name):
+                modified = p.run(gm)
+            stale = stale or bool(modified)
+            if (debug or on_pass is not None) and modified:
+                gm.graph.lint()
+                gm.recompile()
+            if before is not None:
+                _check_writes(p, before, _meta_keys(gm))
         except AmpRewriteError:
             raise
         except Exception as exc:
-            node = current_node()
-            where = f" on node {node.format_node()}" if node is not None else ""
-            raise PassError(
-                f"amprewrite pass '{name}' failed{where} (after {', '.join(done) or 'no pass'}): "
-                f"{type(exc).__name__}: {exc}. This is a bug in amprewrite; please report it "
-                "with the model. keep_fp32=[<module path>] around the failing node may work "
-                "around it."
-            ) from exc
-        done.append(name)
+            raise _pass_error(p.name, done, exc) from exc
+        done.append(p.name)
         if timings is not None:
-            timings[name] = time.perf_counter() - start
+            timings[p.name] = time.perf_counter() - start
         if on_pass is not None:
-            on_pass(name, gm)
+            on_pass(p.name, gm)
+    if stale:
+        start = time.perf_counter()
+        try:
+            gm.graph.lint()
+            gm.recompile()
+        except Exception as exc:
+            raise _pass_error("lint and recompile", done, exc) from exc
+        if timings is not None:
+            timings["recompile"] = time.perf_counter() - start
     return gm
+
+
+def run_until(gm: fx.GraphModule, policy: Policy, last: str, *,
+              include: bool = True) -> fx.GraphModule:
+    """Run the pipeline up to the pass named ``last`` (and it, unless ``include=False``): a
+    test runs one pass on a graph the passes before it prepared."""
+    passes = pipeline(policy)
+    names = [p.name for p in passes]
+    if last not in names:
+        raise ValueError(f"no pass named {last!r}; the passes are {names}")
+    stop = names.index(last) + include
+    return run_pipeline(gm, passes[:stop])
+
+
+def _meta_keys(gm: fx.GraphModule) -> dict[fx.Node, frozenset[str]]:
+    return {n: frozenset(k for k in n.meta if k.startswith("amp_")) for n in gm.graph.nodes}
+
+
+def _check_writes(p: Pass, before: dict[fx.Node, frozenset[str]],
+                  after: dict[fx.Node, frozenset[str]]) -> None:
+    for node, keys in after.items():
+        new = keys - before.get(node, frozenset()) - set(p.writes) - set(CAPTURED)
+        if new:
+            raise PassError(
+                f"amprewrite pass '{p.name}' wrote node.meta keys {sorted(new)} on "
+                f"{node.name} that it does not declare in `writes`."
+            )
+
+
+def _pass_error(name: str, done: list[str], exc: Exception) -> PassError:
+    node = M.current_node()
+    where = f" on node {node.format_node()}" if node is not None else ""
+    return PassError(
+        f"amprewrite pass '{name}' failed{where} (after {', '.join(done) or 'no pass'}): "
+        f"{type(exc).__name__}: {exc}. This is a bug in amprewrite; please report it "
+        "with the model. keep_fp32=[<module path>] around the failing node may work "
+        "around it."
+    )

@@ -12,32 +12,24 @@ from __future__ import annotations
 
 import builtins
 
-from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
-
 from .. import meta as M
 from ..meta import info
-from ..report import record
+from .base import Kind, Match, Replacement, Rule, RulePass
 
-__all__ = ["freeze_dtype_reads"]
+__all__ = ["FreezeDtypeReads"]
 
 
-def freeze_dtype_reads(gm: fx.GraphModule) -> PassResult:
-    changed = False
-    for node in M.each_node(gm.graph, "call_function"):
-        if node.target is not builtins.getattr or node.args[1:2] != ("dtype",):
-            continue
-        dtype = info(node.args[0]).dtype
-        if dtype is None:
-            continue
-        def freeze(n: fx.Node, read: fx.Node = node, d=dtype):
-            return d if n is read else n
+def _freeze(m: Match) -> Replacement | None:
+    if m.node.args[1:2] != ("dtype",):
+        return None
+    dtype = info(m.node.args[0]).dtype
+    if dtype is None:
+        return None
+    return Replacement(dtype, f"x.dtype -> {dtype}",
+                       "the model's own conversions keep the dtype the fp32 model had")
 
-        for user in list(node.users):
-            user.args = fx.node.map_arg(user.args, freeze)
-            user.kwargs = fx.node.map_arg(user.kwargs, freeze)
-        record(gm, node, "freeze_dtype_reads", f"x.dtype -> {dtype}",
-               "the model's own conversions keep the dtype the fp32 model had")
-        gm.graph.erase_node(node)
-        changed = True
-    return PassResult(gm, changed)
+
+class FreezeDtypeReads(RulePass):
+    name, kind = "freeze_dtype_reads", Kind.CANONICALIZE
+    requires = (M.ORIG,)
+    rules = (Rule((builtins.getattr,), _freeze, normalize=False),)

@@ -13,13 +13,13 @@ import builtins
 
 import torch
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
 from ..ops import Out, family_of, op_name, reads_values
+from .base import Kind, Pass
 
-__all__ = ["infer_dtypes"]
+__all__ = ["InferDtypes", "infer_value"]
 
 _CONVERT = {
     "float": torch.float32, "double": torch.float64, "half": torch.float16,
@@ -197,11 +197,19 @@ def _factory(node: fx.Node, first: ValueInfo) -> ValueInfo:
     return ValueInfo("tensor", torch.get_default_dtype())
 
 
-def infer_dtypes(gm: fx.GraphModule) -> PassResult:
+def infer_value(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
+    """What ``node`` produces, from its target and its inputs' ``meta[ORIG]``."""
+    return _infer(gm, node)
+
+
+class InferDtypes(Pass):
     """Fill ``meta[ORIG]`` for every node that lacks it."""
-    changed = False
-    for node in M.each_node(gm.graph):
-        if node.op != "output" and M.ORIG not in node.meta:
-            node.meta[M.ORIG] = _infer(gm, node)
-            changed = True
-    return PassResult(gm, changed)
+
+    name, kind = "infer_dtypes", Kind.ANALYSIS
+    writes = (M.ORIG,)
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        for node in M.each_node(gm.graph):
+            if node.op != "output" and M.ORIG not in node.meta:
+                node.meta[M.ORIG] = _infer(gm, node)
+        return False  # meta only: the graph's code is unchanged

@@ -6,40 +6,34 @@ Rewrite to: ``x_bf16 = x.to(torch.bfloat16); w_bf16 = w.to(torch.bfloat16); ...;
 
 One cast per (value, dtype), placed right after the value and shared by all its consumers.
 Values whose dtype the trace could not know (graph inputs traced without example inputs) get a
-guarded cast, :func:`cast_if_float`, that leaves integer and bool tensors alone.
+guarded cast, :func:`amprewrite.runtime.cast_if_float`, that leaves integer and bool tensors
+alone.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..meta import HIGH, info
 from ..ops import Precision
 from ..plan import float_inputs, plan_labels, requirement
-from ..policy import Policy
 from ..report import record
+from ..runtime import cast_if_float
+from .base import Kind, Pass
 
-__all__ = ["InsertCasts", "cast_if_float"]
-
-
-@torch.fx.wrap
-def cast_if_float(x, dtype: torch.dtype):
-    """``x.to(dtype)`` if ``x`` is a floating-point tensor, else ``x`` unchanged."""
-    if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.to(dtype)
-    return x
+__all__ = ["InsertCasts"]
 
 
-class InsertCasts:
+class InsertCasts(Pass):
     """Plan the labels (:mod:`amprewrite.plan`) and realise them with cast nodes."""
 
-    def __init__(self, policy: Policy):
-        self.policy = policy
+    name, kind = "insert_casts", Kind.REWRITE
+    requires = (M.ORIG, M.CLASS, M.NATURAL, M.TIED)
+    writes = (M.LABEL, M.CAST, M.CLASS, M.NATURAL, M.FAMILY, M.REASON, M.ORIG)
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
+    def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
         plan_labels(gm, self.policy.keep_io_dtype, low)
         casts: dict[tuple[fx.Node, str], fx.Node] = {}
@@ -57,7 +51,7 @@ class InsertCasts:
                 if key not in casts:
                     casts[key] = self._cast(gm, value, need, consumer)
                 consumer.replace_input_with(value, casts[key])
-        return PassResult(gm, bool(casts))
+        return bool(casts)
 
     def _cast(self, gm: fx.GraphModule, value: fx.Node, need: str, consumer: fx.Node) -> fx.Node:
         dtype = torch.float32 if need == HIGH else self.policy.dtype
@@ -67,9 +61,7 @@ class InsertCasts:
                 cast = graph.call_function(cast_if_float, (value, dtype))
             else:
                 cast = graph.call_method("to", (value, dtype))
-        cast.meta.update({k: value.meta[k] for k in (M.MODULE_PATH, M.MODULE_TYPES, M.ORIG,
-                                                     "stack_trace", "nn_module_stack")
-                          if k in value.meta})
+        M.copy_provenance(value, cast, value=True)
         cast.meta[M.CAST] = dtype
         cast.meta[M.CLASS] = Precision.NEUTRAL
         cast.meta[M.NATURAL] = value.meta.get(M.NATURAL)
@@ -79,6 +71,6 @@ class InsertCasts:
         why = (f"{consumer.name} ({what.value if what else consumer.op}) needs "
                f"{str(dtype).replace('torch.', '')}")
         cast.meta[M.REASON] = why
-        record(gm, cast, "insert_casts", f"cast {value.name} to {dtype}", why)
+        record(gm, cast, f"cast {value.name} to {dtype}", why)
         return cast
 

@@ -22,15 +22,15 @@ import operator
 
 import torch
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..kernels import low_kernel_problem
 from ..meta import HIGH, LOW, info
 from ..ops import FAMILIES, Precision, family_of, precision_of, qualified_name
 from ..plan import float_inputs
-from ..policy import Policy, Selector
+from ..policy import Selector
 from ..report import REPORT_KEY
+from .base import Kind, Pass
 
 __all__ = ["PaintPrecision", "matches"]
 
@@ -49,13 +49,15 @@ def matches(node: fx.Node, selector: Selector) -> bool:
     return path == selector or path.startswith(selector + ".")
 
 
-class PaintPrecision:
-    """Set ``meta[CLASS]``, ``meta[REASON]``, ``meta[FAMILY]`` and ``meta[NATURAL]``."""
+class PaintPrecision(Pass):
+    """Set ``meta[CLASS]``, ``meta[REASON]``, ``meta[FAMILY]``, ``meta[TIED]`` and
+    ``meta[NATURAL]``."""
 
-    def __init__(self, policy: Policy):
-        self.policy = policy
+    name, kind = "paint_precision", Kind.ANALYSIS
+    requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE)
+    writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL)
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
+    def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
         for node in M.each_node(gm.graph):
             self._classify(gm, node, low)
@@ -66,7 +68,7 @@ class PaintPrecision:
         self._note_unknown(gm)
         for node in M.each_node(gm.graph):
             node.meta[M.NATURAL] = self._natural(node, low)
-        return PassResult(gm, True)
+        return False  # meta only: the graph's code is unchanged
 
     def _classify(self, gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> None:
         module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
@@ -88,7 +90,7 @@ class PaintPrecision:
         elif M.is_inplace(node):
             # After functionalize, only writes into a private clone or back into a graph input.
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
-            node.meta["amp_tied"] = True
+            node.meta[M.TIED] = True
         elif fam is not None:
             cls, why = precision_of(node, fam, module, low)
         elif node.op == "call_module":
@@ -100,7 +102,7 @@ class PaintPrecision:
                                         f"allow_low=['node:{node.name}'] to override")
         if (node.target is operator.getitem and node.args
                 and info(node.args[0]).kind == "seq"):
-            node.meta["amp_tied"] = True  # an element of a tuple: cast the tuple's producer
+            node.meta[M.TIED] = True  # an element of a tuple: cast the tuple's producer
         node.meta[M.CLASS] = cls
         node.meta[M.REASON] = why
 
@@ -121,7 +123,7 @@ class PaintPrecision:
                 continue  # runs in the dtype of the tensor it writes, whatever its class
             node.meta[M.CLASS] = Precision.FP32
             node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
-            node.meta.pop("amp_tied", None)
+            node.meta.pop(M.TIED, None)
             if ends:
                 continue
             for user in node.users:
@@ -152,7 +154,7 @@ class PaintPrecision:
             if matches(node, sel):
                 node.meta[M.CLASS] = Precision.FP32
                 node.meta[M.REASON] = f"keep_fp32={_show(sel)}"
-                node.meta.pop("amp_tied", None)
+                node.meta.pop(M.TIED, None)
                 return
         for sel in self.policy.allow_low:
             if matches(node, sel) and cls == Precision.FP32:
@@ -181,7 +183,7 @@ class PaintPrecision:
             if problem is not None:
                 node.meta[M.CLASS] = Precision.FP32
                 node.meta[M.REASON] = f"fp32 island: {problem}"
-                node.meta.pop("amp_tied", None)
+                node.meta.pop(M.TIED, None)
 
     @staticmethod
     def _note_unknown(gm: fx.GraphModule) -> None:
@@ -209,7 +211,7 @@ class PaintPrecision:
         if cls == Precision.FP32:
             return HIGH
         inputs = [n.meta.get(M.NATURAL) for n in float_inputs(node)]
-        if node.meta.get("amp_tied") and inputs:
+        if node.meta.get(M.TIED) and inputs:
             return inputs[0]
         if not inputs:
             return HIGH  # a factory such as torch.ones(...): fp32 like the model

@@ -3,12 +3,21 @@
 Matches:   ``y = F.interpolate(x, scale_factor=2, mode="nearest")`` (and ``F.upsample``,
            ``F.upsample_nearest``, ``F.upsample_bilinear``, ``nn.Upsample``,
            ``nn.UpsamplingNearest2d``, ``nn.UpsamplingBilinear2d`` after normalisation)
-Rewrite to: ``y = upsample_nearest(x, None, 2, False, None)``, which computes, bit for bit
-           as PyTorch does,
-           ``x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2h, 2w)``
-           when the source index is ``dst // s`` for an integer s, and index gathers whose
-           indices follow PyTorch's own formula otherwise. Sizes are read at run time, and the
-           output has the memory format PyTorch's kernel would give it.
+Rewrite to: plain ops in the graph, bit for bit what PyTorch computes::
+
+    v = x[:, :, :, None, :, None]            # when the source index is dst // s (here s = 2)
+    e = v.expand(-1, -1, -1, 2, -1, 2)
+    y = e.flatten(4, 5).flatten(2, 3).contiguous(memory_format=memory_format_of(x))
+
+or, when the factor is not an integer (``scale_factor=1.5``, ``size=`` not a multiple), per
+spatial dim an ``index_select`` whose indices follow ATen's own formula (``arange``, a float32
+multiply by ATen's scale, ``floor``, ``clamp``). Output sizes are read from the tensor at run
+time (``x.size(d)``) wherever the capture does not fix them. The output gets the memory format
+PyTorch's kernel would give it (channels_last in, channels_last out): the next conv's
+summation order depends on it. Where the rank is unknown (a symbolic trace without example
+inputs, a scalar factor) or the index formula would need a branch on run-time sizes, the graph
+calls :func:`amprewrite.runtime.upsample_nearest`, the same computation as one exact function,
+and the report says why.
 
 Which nodes: ``upsample="always"`` rewrites every nearest upsample; ``"auto"`` (default) those a
 capability probe finds no kernel for on the target device and dtype (as bf16 on CUDA before
@@ -20,137 +29,27 @@ algorithm is never substituted silently.
 
 from __future__ import annotations
 
+import builtins
 import functools
-import inspect
-import math
-from dataclasses import dataclass
-from fractions import Fraction
+import operator
 
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..errors import PolicyError
 from ..kernels import disable_modes
-from ..ops import Family, Precision, register_family
-from ..policy import Policy
-from ..report import record
+from ..meta import ValueInfo, info
+from ..ops import Precision
+from ..runtime import memory_format_of, nearest_scale, output_sizes, repeat_factor, upsample_nearest
+from .base import Builder, Kind, Match, Replacement, Rule, RulePass
 
-__all__ = ["ReplaceUpsample", "has_kernel", "upsample_nearest"]
-
-try:  # ATen's Tensor::suggest_memory_format, mirrored in Python
-    from torch._prims_common import suggest_memory_format as _suggest_memory_format
-except ImportError:  # older torch: the common cases
-
-    def _suggest_memory_format(x: torch.Tensor) -> torch.memory_format:
-        if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(
-                memory_format=torch.channels_last):
-            return torch.channels_last
-        if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(
-                memory_format=torch.channels_last_3d):
-            return torch.channels_last_3d
-        return torch.contiguous_format
+__all__ = ["ReplaceUpsample", "has_kernel"]
 
 _NEAREST = ("nearest", "nearest-exact")
 _RANK_OF_MODE = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5}
-_SIGNATURES = {
-    F.interpolate: inspect.signature(F.interpolate),
-    F.upsample: inspect.signature(F.upsample),
-    F.upsample_nearest: inspect.signature(F.upsample_nearest),
-    F.upsample_bilinear: inspect.signature(F.upsample_bilinear),
-}
-# Past this output size the float32 index formula may drift from dst // s; use the gather.
-_EXPAND_LIMIT = 1 << 22
-
-
-# --- the exact replacement (called from the rewritten graph) ----------------------------------
-
-
-def _per_dim(value, k: int) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value] * k
-
-
-def _scale_f32(in_size: int, out_size: int, scale: float | None) -> torch.Tensor:
-    """``compute_scales_value<float>`` of ATen's UpSample.h."""
-    if scale is not None and scale > 0:
-        return torch.tensor(1.0 / scale, dtype=torch.float32)  # double 1/s rounded to float
-    return torch.tensor(float(in_size), dtype=torch.float32) / torch.tensor(
-        float(out_size), dtype=torch.float32)
-
-
-def _is_floor_div(in_size: int, out_size: int, scale: float | None, exact: bool) -> int | None:
-    """The integer s with source index ``dst // s`` for every dst, if ATen's formula gives it."""
-    if out_size == in_size and not exact:
-        return 1  # ATen copies
-    if out_size == 2 * in_size and not exact:
-        return 2  # ATen shifts
-    if out_size % in_size or out_size >= _EXPAND_LIMIT:
-        return None
-    s = out_size // in_size
-    if scale is not None and scale > 0 and scale != s:
-        return None  # the formula uses 1/scale, not in/out
-    if exact:
-        return s  # floor((dst + 0.5) / s) == dst // s, with margin 0.5/s against rounding
-    # floor(dst * f32(1/s)) == dst // s iff f32(1/s) did not round below 1/s.
-    return s if Fraction(_scale_f32(in_size, out_size, scale).item()) >= Fraction(1, s) else None
-
-
-def _source_index(in_size: int, out_size: int, scale: float | None, exact: bool,
-                  device: torch.device) -> torch.Tensor:
-    """ATen's ``nearest_idx`` / ``nearest_exact_idx`` for every output position of one dim."""
-    dst = torch.arange(out_size, device=device)
-    if not exact and out_size == in_size:
-        return dst
-    if not exact and out_size == 2 * in_size:
-        return dst >> 1
-    f = _scale_f32(in_size, out_size, scale).to(device)
-    if exact:  # floorf((dst + 0.5) * scale): the product in double, floored as float
-        src = ((dst.double() + 0.5) * f.double()).float().floor()
-    else:  # floorf(dst * scale) in float
-        src = (dst.float() * f).floor()
-    return src.long().clamp_(max=in_size - 1)
-
-
-@torch.fx.wrap
-def upsample_nearest(x: torch.Tensor, size=None, scale_factor=None, exact: bool = False,
-                     recompute_scale_factor: bool | None = None) -> torch.Tensor:
-    """``F.interpolate(x, size, scale_factor, mode="nearest" / "nearest-exact")``, bit for bit.
-
-    >>> x = torch.arange(6.0).reshape(1, 1, 2, 3)
-    >>> torch.equal(upsample_nearest(x, scale_factor=2), F.interpolate(x, scale_factor=2))
-    True
-    """
-    k = x.dim() - 2
-    in_sizes = list(x.shape[2:])
-    if size is not None:
-        out_sizes, scales = _per_dim(size, k), [None] * k
-    else:
-        factors = _per_dim(scale_factor, k)
-        out_sizes = [math.floor(float(i) * float(f)) for i, f in zip(in_sizes, factors)]
-        scales = [None] * k if recompute_scale_factor else [float(f) for f in factors]
-    # ATen allocates the output in the input's suggested memory format (channels_last in,
-    # channels_last out); the next conv's summation order depends on it, so match it too.
-    layout = _suggest_memory_format(x)
-    ints = [_is_floor_div(i, o, s, exact) for i, o, s in zip(in_sizes, out_sizes, scales)]
-    if all(s is not None for s in ints):
-        # Every dim repeats each element s times: a broadcast copy, no index arithmetic.
-        index = (slice(None), slice(None)) + (slice(None), None) * k
-        view = x[index]
-        shape = list(view.shape)
-        for d, s in enumerate(ints):
-            shape[3 + 2 * d] = s
-        out = view.expand(shape).reshape(*x.shape[:2], *out_sizes)
-    else:
-        out = x
-        for d in range(k):
-            idx = _source_index(in_sizes[d], out_sizes[d], scales[d], exact, x.device)
-            out = out.index_select(2 + d, idx)
-    return out.contiguous(memory_format=layout)
-
-
-register_family(Family("upsample_nearest", Precision.NEUTRAL, (upsample_nearest,), numeric=False))
+_FIXED_MODE = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}
 
 
 # --- which nodes, and the probe ---------------------------------------------------------------
@@ -183,92 +82,162 @@ def check_device(device: torch.device) -> None:
         ) from None
 
 
-@dataclass(frozen=True)
-class _Call:
-    x: fx.Node
-    size: object
-    scale_factor: object
-    mode: str
-    recompute_scale_factor: object
-    antialias: bool
+def _ranks(x: fx.Node, mode: str, size, scale_factor) -> list[int]:
+    if mode in _RANK_OF_MODE:
+        return [_RANK_OF_MODE[mode]]
+    rank = _rank(x, size, scale_factor)
+    return [3, 4, 5] if rank is None else [rank]  # unknown: every rank must work
 
 
-def _parse(node: fx.Node) -> _Call | None:
-    sig = _SIGNATURES.get(node.target) if node.op == "call_function" else None
-    if sig is None:
-        return None
-    try:
-        bound = sig.bind(*node.args, **node.kwargs)
-    except TypeError:
-        return None
-    a = {**{k: p.default for k, p in sig.parameters.items()}, **bound.arguments}
-    mode = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}.get(
-        node.target, a.get("mode", "nearest"))
-    if not isinstance(mode, str) or not isinstance(a["input"], fx.Node):
-        return None
-    return _Call(a["input"], a.get("size"), a.get("scale_factor"), mode,
-                 a.get("recompute_scale_factor"), bool(a.get("antialias", False)))
-
-
-def _ranks(call: _Call) -> list[int]:
-    if call.mode in _RANK_OF_MODE:
-        return [_RANK_OF_MODE[call.mode]]
-    shape = M.info(call.x).shape
+def _rank(x: fx.Node, size, scale_factor) -> int | None:
+    shape = info(x).shape
     if shape is not None:
-        return [len(shape)]
-    for spec in (call.size, call.scale_factor):
+        return len(shape)
+    for spec in (size, scale_factor):
         if isinstance(spec, (list, tuple)):
-            return [len(spec) + 2]
-    return [3, 4, 5]  # a symbolic trace does not know the rank: all must work
+            return len(spec) + 2
+    return None
 
 
-class ReplaceUpsample:
-    def __init__(self, policy: Policy):
-        self.policy = policy
+def _why(policy, mode: str, x: fx.Node, size, scale_factor) -> str | None:
+    """Why this interpolate must not run natively, or None."""
+    nearest = mode in _NEAREST
+    if policy.upsample == "always":
+        return "upsample='always'" if nearest else None
+    device = torch.device(policy.device or "cpu")
+    check_device(device)
+    missing = [r for r in _ranks(x, mode, size, scale_factor)
+               if not has_kernel(device.type, policy.dtype, mode, r)]
+    if missing:
+        return (f"no {mode} upsample kernel for {str(policy.dtype).replace('torch.', '')} "
+                f"on {device.type} (rank {', '.join(map(str, missing))}; probed)")
+    if nearest and device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
+        return "deterministic algorithms are on: CUDA's nearest upsample backward is not"
+    return None
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
-        mode_opt, device = self.policy.upsample, torch.device(self.policy.device or "cpu")
-        if mode_opt == "never":
-            return PassResult(gm, False)
-        changed = False
-        for node in M.each_node(gm.graph, "call_function"):
-            call = _parse(node)
-            if call is None or call.antialias:
-                continue
-            why = self._why(call, mode_opt, device)
-            if why is None:
-                continue
-            if call.mode in _NEAREST:
-                self._rewrite(gm, node, call, why)
-            else:
-                node.meta[M.FORCE] = (Precision.FP32, f"fp32 island: {why}")
-                record(gm, node, "replace_upsample", f"{call.mode} interpolate -> fp32 island",
-                       why)
-            changed = True
-        return PassResult(gm, changed)
 
-    def _why(self, call: _Call, mode_opt: str, device: torch.device) -> str | None:
-        nearest = call.mode in _NEAREST
-        if mode_opt == "always":
-            return "upsample='always'" if nearest else None
-        check_device(device)
-        dtype = self.policy.dtype
-        missing = [r for r in _ranks(call) if not has_kernel(device.type, dtype, call.mode, r)]
-        if missing:
-            return (f"no {call.mode} upsample kernel for {str(dtype).replace('torch.', '')} "
-                    f"on {device.type} (rank {', '.join(map(str, missing))}; probed)")
-        if nearest and device.type == "cuda" and torch.are_deterministic_algorithms_enabled():
-            return "deterministic algorithms are on: CUDA's nearest upsample backward is not"
+def _interpolate(m: Match) -> Replacement | None:
+    a = m.args
+    if a is None or m.policy is None or m.policy.upsample == "never":
         return None
+    x, size, scale_factor = a.get("input"), a.get("size"), a.get("scale_factor")
+    mode = _FIXED_MODE.get(m.node.target, a.get("mode", "nearest"))
+    if not isinstance(x, fx.Node) or not isinstance(mode, str) or a.get("antialias"):
+        return None
+    why = _why(m.policy, mode, x, size, scale_factor)
+    if why is None:
+        return None
+    if mode not in _NEAREST:
+        m.node.meta[M.FORCE] = (Precision.FP32, f"fp32 island: {why}")
+        return Replacement(m.node, f"{mode} interpolate -> fp32 island", why)
+    exact = mode == "nearest-exact"
+    recompute = a.get("recompute_scale_factor")
+    new, how = _nearest(m.build, x, size, scale_factor, exact, recompute)
+    return Replacement(new, f"{mode} interpolate -> {how}", why)
 
-    @staticmethod
-    def _rewrite(gm: fx.GraphModule, node: fx.Node, call: _Call, why: str) -> None:
-        exact = call.mode == "nearest-exact"
-        with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(upsample_nearest, (
-                call.x, call.size, call.scale_factor, exact, call.recompute_scale_factor))
-        new.meta.update(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        record(gm, new, "replace_upsample", f"{call.mode} interpolate -> upsample_nearest "
-               "(expand/reshape or exact index gather)", why)
+
+def _static(value) -> bool:
+    return value is None or isinstance(value, (int, float)) or (
+        isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value))
+
+
+def _nearest(b: Builder, x: fx.Node, size, scale_factor, exact: bool,
+             recompute) -> tuple[fx.Node, str]:
+    """Nodes computing ``F.interpolate(x, size, scale_factor, mode=nearest[-exact])``."""
+    like_x = ValueInfo("tensor", info(x).dtype)
+    rank = _rank(x, size, scale_factor)
+    if rank is not None and _static(size) and _static(scale_factor):
+        k = rank - 2
+        xi = info(x)
+        ins = [xi.static_size(2 + d) for d in range(k)]
+        outs, scales = (output_sizes(ins, size, scale_factor, recompute) if None not in ins
+                        else (_per_dim_outs(size, k), _per_dim_scales(scale_factor, recompute, k)))
+        factors = [repeat_factor(i, o, s, exact) for i, o, s in zip(ins, outs, scales)]
+        if all(f is not None for f in factors):
+            return _repeat(b, x, factors, like_x), "expand/reshape subgraph"
+        if None not in ins:
+            return _gather(b, x, ins, outs, scales, exact, like_x), "exact index_select subgraph"
+        why = "sizes known only at run time"
+    else:
+        why = "rank unknown when tracing" if rank is None else "sizes computed in the graph"
+    new = b.call(upsample_nearest, x, size, scale_factor, exact, recompute, value=like_x)
+    return new, f"upsample_nearest ({why}: one exact call; pass example_inputs to inline it)"
+
+
+def _per_dim_outs(size, k: int) -> list[int | None]:
+    if size is None:
+        return [None] * k
+    return list(size) if isinstance(size, (list, tuple)) else [size] * k
+
+
+def _per_dim_scales(scale_factor, recompute, k: int) -> list[float | None]:
+    if scale_factor is None or recompute:
+        return [None] * k
+    if isinstance(scale_factor, (list, tuple)):
+        return [float(f) for f in scale_factor]
+    return [float(scale_factor)] * k
+
+
+def _layout(b: Builder, x: fx.Node, out: fx.Node, like_x: ValueInfo, rank: int) -> fx.Node:
+    if rank == 3:
+        return out  # rank 3 has no other memory format: the copy is already contiguous
+    fmt = b.call(memory_format_of, x, value=M.OTHER)
+    return b.method("contiguous", out, memory_format=fmt, value=like_x)
+
+
+def _repeat(b: Builder, x: fx.Node, factors: list[int], like_x: ValueInfo) -> fx.Node:
+    """Each element of spatial dim d repeated ``factors[d]`` times, by broadcasting."""
+    k = len(factors)
+    if all(f == 1 for f in factors):
+        return _layout(b, x, b.method("clone", x, value=like_x), like_x, 2 + k)
+    view = b.call(operator.getitem, x, (slice(None), slice(None)) + (slice(None), None) * k,
+                  value=like_x)
+    shape = [-1] * (2 + 2 * k)
+    for d, s in enumerate(factors):
+        shape[3 + 2 * d] = s
+    out = b.method("expand", view, *shape, value=like_x)
+    for d in reversed(range(k)):
+        out = b.method("flatten", out, 2 + 2 * d, 3 + 2 * d, value=like_x)
+    return _layout(b, x, out, like_x, 2 + k)
+
+
+def _gather(b: Builder, x: fx.Node, ins: list[int], outs: list[int],
+            scales: list[float | None], exact: bool, like_x: ValueInfo) -> fx.Node:
+    """Per spatial dim, ``index_select`` with ATen's ``nearest_idx`` / ``nearest_exact_idx``."""
+    long = ValueInfo("tensor", torch.int64)
+    device = b.call(builtins.getattr, x, "device", value=M.OTHER)
+    out = x
+    for d, (i, o, s) in enumerate(zip(ins, outs, scales)):
+        if o == i and not exact:
+            continue  # ATen copies this dim
+        dst = b.call(torch.arange, o, device=device, value=long)
+        if not exact and o == 2 * i:
+            idx = b.call(operator.rshift, dst, 1, value=long)
+        else:
+            f = nearest_scale(i, o, s)
+            if exact:  # floorf((dst + 0.5) * scale): the product in double, floored as float
+                pos = b.method("double", dst, value=ValueInfo("tensor", torch.float64))
+                pos = b.method("add", pos, 0.5, value=ValueInfo("tensor", torch.float64))
+                pos = b.method("mul", pos, f, value=ValueInfo("tensor", torch.float64))
+                pos = b.method("float", pos, value=ValueInfo("tensor", torch.float32))
+            else:  # floorf(dst * scale), in float32 (the scalar is rounded to float32)
+                pos = b.method("float", dst, value=ValueInfo("tensor", torch.float32))
+                pos = b.method("mul", pos, f, value=ValueInfo("tensor", torch.float32))
+            pos = b.method("floor", pos, value=ValueInfo("tensor", torch.float32))
+            idx = b.method("long", pos, value=long)
+            idx = b.method("clamp", idx, max=i - 1, value=long)
+        out = b.method("index_select", out, 2 + d, idx, value=like_x)
+    if out is x:
+        out = b.method("clone", x, value=like_x)
+    return _layout(b, x, out, like_x, 2 + len(ins))
+
+
+class ReplaceUpsample(RulePass):
+    """Nearest upsampling -> exact expand/reshape or index subgraphs; other modes without a
+    kernel -> fp32 islands (see module docstring)."""
+
+    name, kind = "replace_upsample", Kind.REWRITE
+    requires = (M.ORIG,)
+    writes = (M.ORIG, M.FORCE)
+    rules = (Rule((F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear),
+                  _interpolate),)

@@ -13,24 +13,24 @@ from collections import defaultdict
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..capture import set_attr
 from ..meta import LOW
-from ..policy import Policy
 from ..report import record
+from .base import Kind, Pass
 
 __all__ = ["StoreParams"]
 
 
-class StoreParams:
-    def __init__(self, policy: Policy):
-        self.policy = policy
+class StoreParams(Pass):
+    name, kind = "store_params", Kind.REWRITE
+    requires = (M.CAST, M.LABEL)
+    writes = (M.ORIG, M.LABEL)
 
-    def __call__(self, gm: fx.GraphModule) -> PassResult:
+    def run(self, gm: fx.GraphModule) -> bool:
         if self.policy.params != "low":
-            return PassResult(gm, False)
+            return False
         by_target: dict[str, list[fx.Node]] = defaultdict(list)
         for node in M.each_node(gm.graph, "get_attr"):
             by_target[str(node.target)].append(node)
@@ -52,10 +52,10 @@ class StoreParams:
                 for cast in list(node.users):
                     cast.replace_all_uses_with(node)
                     gm.graph.erase_node(cast)
-                record(gm, node, "store_params", f"store {target} as {self.policy.dtype}",
+                record(gm, node, f"store {target} as {self.policy.dtype}",
                        "params='low' and every reader is a low-precision op")
             changed = True
-        return PassResult(gm, changed)
+        return changed
 
 
 def _is_param(gm: nn.Module, target: str) -> bool:

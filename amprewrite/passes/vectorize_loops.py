@@ -29,48 +29,14 @@ import networkx as nx
 import torch
 from networkx.algorithms.isomorphism import DiGraphMatcher
 from torch import fx
-from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..meta import info
-from ..ops import Family, Precision, register_family
 from ..report import record
+from ..runtime import batch_gather, batch_index, vmap_call
+from .base import Kind, Match, Pass, Replacement, Rule, apply_rules, arguments
 
-__all__ = ["batch_gather", "batch_index", "vectorize_loops", "vmap_call"]
-
-
-# --- what the rewritten graph calls -----------------------------------------------------------
-
-
-def _batch_arange(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return torch.arange(t.size(0), device=t.device).view(-1, *([1] * (index.dim() - 1)))
-
-
-@torch.fx.wrap
-def batch_index(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``torch.stack([t[i][index[i]] for i in range(t.size(0))])`` in one indexing op.
-
-    >>> t, idx = torch.arange(12.0).reshape(2, 3, 2), torch.tensor([[2, 0], [1, 1]])
-    >>> torch.equal(batch_index(t, idx), torch.stack([t[i][idx[i]] for i in range(2)]))
-    True
-    """
-    return t[_batch_arange(t, index), index]
-
-
-@torch.fx.wrap
-def batch_gather(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``torch.stack([torch.gather(t[i], 0, index[i]) for i in ...])`` as one gather."""
-    return torch.gather(t, 1, index)
-
-
-@torch.fx.wrap
-def vmap_call(body: torch.nn.Module, in_dims: tuple, *args):
-    """``torch.stack([body(*per_sample_args(i)) for i in ...])`` as ``torch.vmap(body)``."""
-    return torch.vmap(body, in_dims=in_dims)(*args)
-
-
-for _fn in (batch_index, batch_gather):
-    register_family(Family(_fn.__name__, Precision.NEUTRAL, (_fn,), numeric=False))
+__all__ = ["VectorizeLoops"]
 
 
 # --- finding iterations -----------------------------------------------------------------------
@@ -237,38 +203,48 @@ def _isomorphic(its: list[_Iteration]) -> bool:
 # --- rewriting --------------------------------------------------------------------------------
 
 
-def _direct(it: _Iteration) -> tuple[object, tuple] | None:
+# A one-op body that is a batch gather: (op, its (tensor, index) parameters) -> batched op.
+_GATHERS = {
+    (operator.getitem, None): ("a", "b", batch_index),
+    (torch.index_select, 0): ("input", "index", batch_index),
+    (torch.gather, 0): ("input", "index", batch_gather),
+}
+
+
+def _direct(gm: fx.GraphModule, it: _Iteration) -> tuple[object, tuple] | None:
     """The batched op for a one-op batch-gather body: (function, (T, I))."""
     if len(it.nodes) != 1:
         return None
     (n,) = it.nodes
     srcs = {leaf: x for leaf, (x, _) in it.slices.items()}
-    if n.op == "call_function" and n.target is operator.getitem and len(n.args) == 2:
-        t, idx = n.args
-        if t in srcs and idx in srcs:
-            return batch_index, (srcs[t], srcs[idx])
-    if (n.target in ("index_select", torch.index_select) and len(n.args) == 3
-            and n.args[1] == 0 and n.args[0] in srcs and n.args[2] in srcs):
-        return batch_index, (srcs[n.args[0]], srcs[n.args[2]])
-    if (n.target in ("gather", torch.gather) and len(n.args) == 3 and n.args[1] == 0
-            and n.args[0] in srcs and n.args[2] in srcs and not n.kwargs):
-        return batch_gather, (srcs[n.args[0]], srcs[n.args[2]])
+    # operator.getitem's parameters are positional-only: no keywords to normalise to
+    args = (dict(zip("ab", n.args)) if n.target is operator.getitem and len(n.args) == 2
+            else arguments(gm, n))
+    if args is None:
+        return None
+    target = n.target if n.op == "call_function" else getattr(torch, str(n.target), None)
+    dim = args.get("dim")
+    spec = _GATHERS.get((target, dim))
+    if spec is None or set(args) - {spec[0], spec[1], "dim", "sparse_grad"} or args.get(
+            "sparse_grad"):
+        return None
+    t, idx = args[spec[0]], args[spec[1]]
+    if t in srcs and idx in srcs:
+        return spec[2], (srcs[t], srcs[idx])
     return None
 
 
-def _split_int_tuple_index(gm: fx.GraphModule) -> None:
-    """``T[i, idx]`` -> ``T[i][idx]`` (same values) so the slice ``T[i]`` is visible."""
-    for n in list(gm.graph.nodes):
-        if n.op == "call_function" and n.target is operator.getitem and isinstance(
-                n.args[1], tuple) and len(n.args[1]) == 2 and type(n.args[1][0]) is int and (
-                isinstance(n.args[1][1], fx.Node) and info(n.args[0]).kind == "tensor"):
-            with gm.graph.inserting_before(n):
-                row = gm.graph.call_function(operator.getitem, (n.args[0], n.args[1][0]))
-            row.meta.update({k: n.meta[k] for k in (M.MODULE_PATH, M.MODULE_TYPES) if k in n.meta})
-            shape = info(n.args[0]).shape
-            row.meta[M.ORIG] = M.ValueInfo("tensor", info(n.args[0]).dtype,
-                                           shape=shape[1:] if shape else None)
-            n.args = (row, n.args[1][1])
+def _split_row_index(m: Match) -> Replacement | None:
+    """``T[i, idx]`` -> ``T[i][idx]`` (same values), so the slice ``T[i]`` of a loop is visible."""
+    src, index = m.node.args
+    if not (isinstance(index, tuple) and len(index) == 2 and type(index[0]) is int
+            and isinstance(index[1], fx.Node) and info(src).kind == "tensor"):
+        return None
+    shape = info(src).shape
+    row = m.build.call(operator.getitem, src, index[0], value=M.ValueInfo(
+        "tensor", info(src).dtype, shape=shape[1:] if shape else None))
+    new = m.build.call(operator.getitem, row, index[1], value=info(m.node))
+    return Replacement(new, "T[i, idx] -> T[i][idx]", "exposes the per-sample slice T[i]")
 
 
 def _vmap_body(gm: fx.GraphModule, it: _Iteration, sources: list[fx.Node]) -> fx.GraphModule:
@@ -286,9 +262,24 @@ def _vmap_body(gm: fx.GraphModule, it: _Iteration, sources: list[fx.Node]) -> fx
     return fx.GraphModule(gm, graph)
 
 
-def vectorize_loops(gm: fx.GraphModule) -> PassResult:
+class VectorizeLoops(Pass):
     """Re-roll unrolled per-sample loops (see module docstring)."""
-    _split_int_tuple_index(gm)
+
+    name, kind = "vectorize_loops", Kind.REWRITE
+    requires = (M.ORIG,)
+    writes = (M.ORIG,)
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        split = apply_rules(gm, (Rule((operator.getitem,), _split_row_index, normalize=False),),
+                            record_now=False)
+        rerolled = _reroll(gm)
+        for node, done in split:  # the splits a re-roll did not consume stay: record those
+            if node.graph is gm.graph and not node._erased:
+                record(gm, node, done.action, done.reason)
+        return rerolled or bool(split)
+
+
+def _reroll(gm: fx.GraphModule) -> bool:
     changed = False
     loops = 0
     reads: dict[fx.Node, bool] = {}
@@ -304,11 +295,11 @@ def vectorize_loops(gm: fx.GraphModule) -> PassResult:
         if why is None and not _isomorphic(its):
             why = "iterations compute different things"
         if why is not None:
-            record(gm, join, "vectorize_loops", "left alone", why)
+            record(gm, join, "left alone", why)
             continue
         first = its[0]
         sources = sorted({x for x, _ in first.slices.values()}, key=order.__getitem__)
-        direct = _direct(first)
+        direct = _direct(gm, first)
         with gm.graph.inserting_before(join):
             if direct is not None:
                 fn, args = direct
@@ -324,7 +315,7 @@ def vectorize_loops(gm: fx.GraphModule) -> PassResult:
                                                          *first.externals))
                 pattern = f"torch.vmap of {len(first.nodes)}-node body ({name})"
                 loops += 1
-        new.meta.update(join.meta)
+        M.copy_provenance(join, new, value=True)
         join.replace_all_uses_with(new)
         dead = [join, *{w for w in join.all_input_nodes if w not in rows}]
         for it in its:
@@ -332,7 +323,7 @@ def vectorize_loops(gm: fx.GraphModule) -> PassResult:
         for n in sorted(set(dead), key=order.__getitem__, reverse=True):
             if not n.users:
                 gm.graph.erase_node(n)
-        record(gm, new, "vectorize_loops", f"re-rolled {len(its)} iterations -> {pattern}",
+        record(gm, new, f"re-rolled {len(its)} iterations -> {pattern}",
                f"an unrolled per-sample loop over {', '.join(s.name for s in sources)}")
         changed = True
-    return PassResult(gm, changed)
+    return changed

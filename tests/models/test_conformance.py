@@ -1,4 +1,4 @@
-"""Real-model conformance (issue: reliability): each model of benchmarks/zoo.py in bf16 and fp16.
+"""Real-model conformance: each model of amprewrite/testing/zoo.py in bf16 and fp16.
 
 The rows are those of docs/models.md (``python -m benchmarks.conformance``). CI runs FAST; the
 rest is marked slow (``pytest -m slow tests/models``).
@@ -6,8 +6,8 @@ rest is marked slow (``pytest -m slow tests/models``).
 
 import pytest
 
-from benchmarks.conformance import DTYPES, NOISE, conform
-from benchmarks.zoo import MODELS
+from amprewrite.testing.conformance import DTYPES, NOISE, conform
+from amprewrite.testing.zoo import MODELS
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -44,13 +44,14 @@ def test_conformance(name, dtype):
 def test_matrix_is_generated_from_results():
     """docs/models.md is exactly what the script renders from docs/benchmarks/models.json."""
     import json
+    from pathlib import Path
 
-    from benchmarks.common import RESULTS
-    from benchmarks.conformance import DOC, markdown
+    from amprewrite.testing.conformance import markdown
 
-    data = json.loads((RESULTS / "models.json").read_text())
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    data = json.loads((docs / "benchmarks" / "models.json").read_text())
     assert {r["model"] for r in data["rows"]} == set(MODELS)
     assert len(MODELS) >= 12
-    assert DOC.read_text() == markdown(data)
+    assert (docs / "models.md").read_text() == markdown(data)
     assert all(r.get("compile") == "ok" and not r["new_nonfinite"] for r in data["rows"])
 

@@ -8,7 +8,7 @@ import torch
 import amprewrite
 from amprewrite import meta as M
 from amprewrite.ops import Precision
-from benchmarks.zoo import MODELS, first_tensor, unet2d
+from amprewrite.testing.zoo import MODELS, first_tensor, unet2d
 
 from ..helpers import LOW_DTYPES, assert_classes_respected, unchanged
 
@@ -50,16 +50,18 @@ def test_llama_rotary_positions_are_a_position_cone():
 
 @pytest.mark.parametrize("name", ["unet2d", "vae_decoder"])
 def test_nearest_upsample_rewrite_is_exact_on_diffusers(name):
-    from amprewrite.passes.replace_upsample import upsample_nearest
-    from benchmarks import zoo
+    from amprewrite.testing import zoo
 
     model, inputs = getattr(zoo, name)()
     always = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs,
                                   upsample="always")
     never = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs,
                                  upsample="never")
-    rewritten = [n for n in always.graph.nodes if n.target is upsample_nearest]
-    assert rewritten
-    assert all(n.meta[M.CLASS] == Precision.NEUTRAL for n in rewritten)
+    rewrites = [r for r in amprewrite.report(always).rewrites if r.pass_name == "replace_upsample"]
+    assert rewrites and all("subgraph" in r.action for r in rewrites)
+    assert not [n for n in always.graph.nodes if n.meta.get(M.FAMILY) in (
+        "interpolate", "upsample_nearest")]  # plain ops only
+    copies = [n for n in always.graph.nodes if n.target in ("expand", "flatten")]
+    assert copies and all(n.meta[M.CLASS] == Precision.NEUTRAL for n in copies)
     with torch.no_grad():
         assert torch.equal(first_tensor(always(*inputs)), first_tensor(never(*inputs)))

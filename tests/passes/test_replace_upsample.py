@@ -11,11 +11,19 @@ import amprewrite
 from amprewrite import meta as M
 from amprewrite.ops import Precision
 from amprewrite.passes import replace_upsample
-from amprewrite.passes.replace_upsample import upsample_nearest
+from amprewrite.runtime import upsample_nearest
 
 from ..helpers import casts, transform
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+_UPSAMPLES = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear,
+              upsample_nearest}
+
+
+def upsample_calls(gm) -> list:
+    """Nodes that call an upsample kernel or amprewrite's one-call fallback."""
+    return [n for n in gm.graph.nodes if n.target in _UPSAMPLES
+            or str(n.target).startswith("upsample")]
 
 
 def _cases(n: int = 72, seed: int = 0) -> list[tuple[tuple[int, ...], dict]]:
@@ -117,25 +125,59 @@ def test_transform_always_is_exact_and_follows(dtype):
         model = Up(**kw)
         x = torch.randn(shape)
         gm = transform(model, dtype=dtype, upsample="always", example_inputs=(x,))
-        (node,) = [n for n in gm.graph.nodes if n.target is upsample_nearest]
-        assert node.meta[M.CLASS] == Precision.NEUTRAL  # follows: no fp32 island
+        assert not upsample_calls(gm), (shape, kw)  # plain ops only: inlined
+        moved = [n for n in gm.graph.nodes if n.target in (
+            "expand", "flatten", "index_select", "contiguous", "clone")]
+        assert moved and all(n.meta[M.CLASS] == Precision.NEUTRAL for n in moved)  # follows
         assert torch.equal(gm(x), model(x)), (shape, kw)
         rewrites = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
         assert len(rewrites) == 1 and "always" in rewrites[0].reason
+        assert "subgraph" in rewrites[0].action
 
 
+@pytest.mark.parametrize("layout", [torch.channels_last, torch.contiguous_format])
+@pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"scale_factor": 1.5},
+                                {"size": (7, 10), "mode": "nearest-exact"}])
+def test_inlined_subgraph_keeps_memory_format(layout, kw):
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=layout)
+    gm = transform(Up(**kw), dtype=torch.bfloat16, upsample="always", example_inputs=(x,))
+    assert not upsample_calls(gm)
+    ours, native = gm(x), F.interpolate(x, **kw)
+    assert torch.equal(ours, native) and ours.stride() == native.stride()
+
+
+def test_symbolic_trace_inlines_when_the_rank_is_known():
+    """A tuple factor gives the rank; a factor of 2 needs no sizes (ATen shifts): plain ops,
+    shape-generic. A scalar factor without example inputs leaves the rank unknown: one exact
+    call, and the report says why."""
+    tuple_factor = transform(Up(scale_factor=(2, 2)), dtype=torch.bfloat16, upsample="always")
+    assert not upsample_calls(tuple_factor)
+    scalar = transform(Up(scale_factor=2), dtype=torch.bfloat16, upsample="always")
+    assert [n.target for n in upsample_calls(scalar)] == [upsample_nearest]
+    (rw,) = [r for r in amprewrite.report(scalar).rewrites if r.pass_name == "replace_upsample"]
+    assert "rank unknown" in rw.action and "example_inputs" in rw.action
+    for shape in [(1, 1, 3, 3), (2, 3, 5, 8), (1, 2, 1, 9)]:
+        x = torch.randn(shape)
+        assert torch.equal(tuple_factor(x), F.interpolate(x, scale_factor=2))
+        assert torch.equal(scalar(x), F.interpolate(x, scale_factor=2))
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "dynamo"])
 @pytest.mark.parametrize("module", [nn.Upsample(scale_factor=2), nn.UpsamplingNearest2d(size=12),
                                     nn.Upsample(scale_factor=(2, 3), mode="nearest-exact")])
-def test_every_module_spelling(module):
+def test_every_module_spelling(module, capture):
     model = nn.Sequential(nn.Conv2d(3, 4, 1), module, nn.Conv2d(4, 2, 1))
-    gm = transform(model, dtype=torch.bfloat16, upsample="always")
-    assert any(n.target is upsample_nearest for n in gm.graph.nodes)
-    never = transform(model, dtype=torch.bfloat16, upsample="never")
     x = torch.randn(2, 3, 6, 6)
+    example = (x,) if capture == "dynamo" else None
+    gm = transform(model, dtype=torch.bfloat16, upsample="always", example_inputs=example)
+    never = transform(model, dtype=torch.bfloat16, upsample="never", example_inputs=example)
+    left = upsample_calls(gm)
+    # Symbolic traces know no sizes: only the one exact call where the rank is unknown.
+    assert all(n.target is upsample_nearest for n in left)
+    assert not left if capture == "dynamo" else True
     assert torch.equal(gm(x), never(x))
-    # Between two low convs the upsample runs in low precision: no cast around it.
-    (up,) = [n for n in gm.graph.nodes if n.target is upsample_nearest]
-    assert not any(c.args[0] is up or up.args[0] is c for c in casts(gm))
+    # Between two low convs the upsample runs in low precision: no cast is added for it.
+    assert len(casts(gm)) == len(casts(never))
 
 
 @pytest.mark.filterwarnings("ignore:`nn.functional.upsample")
@@ -149,7 +191,7 @@ def test_functional_spellings(fn, kw):
 
     x = torch.randn(1, 2, 4, 4)
     gm = transform(M(), dtype=torch.bfloat16, upsample="always", example_inputs=(x,))
-    rewritten = any(n.target is upsample_nearest for n in gm.graph.nodes)
+    rewritten = not upsample_calls(gm)
     assert rewritten == (fn is not F.upsample_bilinear)  # bilinear is never replaced
     torch.testing.assert_close(gm(x), M()(x), rtol=0, atol=0 if rewritten else 2e-2)
 

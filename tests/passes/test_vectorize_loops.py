@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite.passes.vectorize_loops import batch_gather, batch_index, vmap_call
+from amprewrite.runtime import batch_gather, batch_index, vmap_call
 
 from ..helpers import transform
 

@@ -1,6 +1,6 @@
 """Gradients through a transformed real model match fp32 gradients to low-precision tolerance.
 
-Measured on the LLaMA config of benchmarks/zoo.py (max relative error over parameters):
+Measured on the LLaMA config of amprewrite/testing/zoo.py (max relative error over parameters):
 bf16 0.0085 (autocast 0.0086), fp16 0.0042 (autocast 0.0044).
 """
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import amprewrite
-from benchmarks.zoo import llama
+from amprewrite.testing.zoo import llama
 
 from ..helpers import rel_err
 

@@ -3,8 +3,7 @@ downloads), plus a ResNet-style CNN with BatchNorm. Each builder returns ``(mode
 ``inputs`` is a tuple of positional inputs or a dict of keyword inputs, as
 :func:`amprewrite.transform` takes ``example_inputs``.
 
-Shared by the tests (tests/models) and the conformance matrix
-(``python -m benchmarks.conformance``).
+Shared by the tests (tests/models) and the benchmarks (``python -m benchmarks.conformance``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,222 @@
+"""The pass protocol and the rule driver every pass is built from.
+
+A pass is a :class:`Pass`: it declares its ``name``, its :class:`Kind`, the ``node.meta`` keys it
+``requires`` and the ones it ``writes``, and is bound to the policy by ``Pass(policy)``. Its
+``run(gm)`` changes the graph in place and returns whether it changed anything. The pipeline
+(:func:`amprewrite.passes.run_pipeline`) checks the declarations, makes the pass current (rewrites
+are recorded under its name) and lints and recompiles once at the end.
+
+A single-node rewrite is a :class:`Rule` in a pass's ``rules`` table: the nodes it matches, and
+a handler that returns a :class:`Replacement` (or None when the node is not one it rewrites).
+:func:`apply_rules` finds the nodes, normalises their arguments to keywords, inserts what the
+handler builds (with the replaced node's provenance), replaces the node and records the rewrite.
+
+>>> import torch
+>>> from torch import fx
+>>> def relu6_to_clamp(m: Match) -> Replacement:
+...     return Replacement(m.build.call(torch.clamp, m.args["input"], 0.0, 6.0),
+...                        "relu6 -> clamp", "an example rule")
+>>> class Relu6(RulePass):
+...     name, kind = "relu6_to_clamp", Kind.REWRITE
+...     rules = (Rule((torch.nn.functional.relu6,), relu6_to_clamp),)
+>>> gm = fx.symbolic_trace(lambda x: torch.nn.functional.relu6(x) + 1)
+>>> Relu6(None).run(gm)
+True
+>>> [n.target.__name__ for n in gm.graph.nodes if n.op == "call_function"]
+['clamp', 'add']
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+from torch.fx.operator_schemas import normalize_function
+from torch.fx.passes.infra.pass_base import PassResult
+
+from .. import meta as M
+from ..policy import Policy
+from ..report import record
+
+__all__ = ["Builder", "Kind", "Match", "Pass", "Replacement", "Rule", "RulePass", "apply_rules",
+           "arguments"]
+
+# Keys capture writes on every node: available to the first pass.
+CAPTURED = (M.MODULE_PATH, M.MODULE_TYPES)
+
+
+class Kind(enum.Enum):
+    """What a pass does to the graph (reports and renderers draw the three differently)."""
+
+    ANALYSIS = "analysis"  # writes node.meta only
+    CANONICALIZE = "canonicalize"  # the same computation spelled the one way later passes expect
+    REWRITE = "rewrite"  # changes which ops run (same result, exact where claimed)
+
+
+class Pass:
+    """One step of the pipeline. Subclasses set the class attributes and implement ``run``."""
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+    requires: ClassVar[tuple[str, ...]] = ()
+    writes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, policy: Policy | None) -> None:
+        self.policy = policy
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        """Change ``gm`` in place; True if anything changed."""
+        raise NotImplementedError
+
+    def __call__(self, gm: fx.GraphModule) -> PassResult:
+        return PassResult(gm, bool(self.run(gm)))
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name} ({self.kind.value})>"
+
+
+# --- rules --------------------------------------------------------------------------------------
+
+
+class Builder:
+    """Makes nodes before ``anchor``, each with ``anchor``'s provenance (module path, source)."""
+
+    def __init__(self, gm: fx.GraphModule, anchor: fx.Node):
+        self.gm, self.anchor = gm, anchor
+        self.made: list[fx.Node] = []
+
+    def node(self, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
+             value: M.ValueInfo | None = None) -> fx.Node:
+        with self.gm.graph.inserting_before(self.anchor):
+            n = self.gm.graph.create_node(op, target, args, kwargs or {})
+        M.copy_provenance(self.anchor, n)
+        if value is not None:
+            n.meta[M.ORIG] = value
+        self.made.append(n)
+        return n
+
+    def call(self, target: Callable, *args: Any, value: M.ValueInfo | None = None,
+             **kwargs: Any) -> fx.Node:
+        return self.node("call_function", target, args, kwargs, value)
+
+    def method(self, name: str, *args: Any, value: M.ValueInfo | None = None,
+               **kwargs: Any) -> fx.Node:
+        return self.node("call_method", name, args, kwargs, value)
+
+
+@dataclass
+class Match:
+    """A node a rule matched: ``args`` are its arguments by parameter name, defaults filled in
+    (None when they cannot be normalised: then read ``node.args``), ``build`` makes nodes."""
+
+    gm: fx.GraphModule
+    node: fx.Node
+    args: dict[str, Any] | None
+    build: Builder
+    policy: Policy | None
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What a rule does with its node: ``value`` replaces it (a new node, or a constant that
+    its users read instead); ``value is node`` keeps it (a decision written to its meta)."""
+
+    value: Any
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Nodes whose ``op`` is ``op`` and whose target is in ``targets`` (functions, method names,
+    or — for ``call_module`` — module types; empty: every node of that op) go to ``handler``."""
+
+    targets: tuple
+    handler: Callable[[Match], Replacement | None]
+    op: str = "call_function"
+    normalize: bool = True
+
+
+def _candidates(gm: fx.GraphModule, rule: Rule) -> Iterable[fx.Node]:
+    graph = gm.graph
+    if not rule.targets:
+        return [n for n in graph.nodes if n.op == rule.op]
+    if rule.op == "call_module":
+        return [n for n in graph.find_nodes(op="call_module")
+                if isinstance(gm.get_submodule(str(n.target)), rule.targets)]
+    found: list[fx.Node] = []
+    for target in rule.targets:
+        found += graph.find_nodes(op=rule.op, target=target, sort=False)
+    return sorted(found)
+
+
+def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
+    """The arguments of a call by parameter name, defaults filled in; a method call
+    ``x.index_select(0, i)`` binds like ``torch.index_select(x, 0, i)``. None when they cannot
+    be bound (a builtin without a signature, an overload the arguments do not pick)."""
+    try:
+        if node.op == "call_function":
+            pair = node.normalized_arguments(gm, normalize_to_only_use_kwargs=True)
+        elif node.op == "call_method" and callable(fn := getattr(torch, str(node.target), None)):
+            pair = normalize_function(fn, node.args, node.kwargs,
+                                      normalize_to_only_use_kwargs=True)
+        else:
+            return None
+    except Exception:
+        return None
+    return None if pair is None else dict(pair.kwargs)
+
+
+def apply_rules(gm: fx.GraphModule, rules: Iterable[Rule], policy: Policy | None = None,
+                record_now: bool = True) -> list[tuple[fx.Node, Replacement]]:
+    """Apply each rule to every node it matches, in graph order. Returns what was done, as
+    (the node the rewrite is recorded on, replacement); with ``record_now=False`` the caller
+    records them (a pass whose later steps may consume the rewritten nodes)."""
+    done_all: list[tuple[fx.Node, Replacement]] = []
+    for rule in rules:
+        for node in M.each_node_of(_candidates(gm, rule)):
+            args = arguments(gm, node) if rule.normalize else None
+            build = Builder(gm, node)
+            done = rule.handler(Match(gm, node, args, build, policy))
+            if done is None:
+                for n in reversed(build.made):  # a handler that gave up leaves nothing behind
+                    gm.graph.erase_node(n)
+                continue
+            new = done.value
+            on = new if isinstance(new, fx.Node) else node
+            if record_now:
+                record(gm, on, done.action, done.reason)
+            done_all.append((on, done))
+            if new is node:
+                continue
+            if isinstance(new, fx.Node):
+                if M.ORIG not in new.meta and M.ORIG in node.meta:
+                    new.meta[M.ORIG] = node.meta[M.ORIG]
+                node.replace_all_uses_with(new)
+            else:
+                _substitute(node, new)
+            gm.graph.erase_node(node)
+    return done_all
+
+
+def _substitute(node: fx.Node, constant: Any) -> None:
+    """Every user of ``node`` reads ``constant`` instead."""
+    def swap(a: fx.Node) -> Any:
+        return constant if a is node else a
+
+    for user in list(node.users):
+        user.args = fx.node.map_arg(user.args, swap)
+        user.kwargs = fx.node.map_arg(user.kwargs, swap)
+
+
+class RulePass(Pass):
+    """A pass that is its rule table."""
+
+    rules: ClassVar[tuple[Rule, ...]] = ()
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        return bool(apply_rules(gm, self.rules, self.policy))

@@ -110,3 +110,24 @@ def graph_signature(gm: fx.GraphModule) -> list[tuple]:
     return [(n.op, str(n.target) if n.op in ("placeholder", "get_attr", "call_module",
                                              "call_method") else n.target,
              norm(n.args), norm(dict(n.kwargs))) for n in gm.graph.nodes]
+
+
+def prepared(model, last: str, example_inputs=None, **options):
+    """``model`` captured and run through the passes before the one named ``last``; returns
+    (graph, that pass bound to the policy), for a test to run it with ``run_pass`` and inspect."""
+    from amprewrite.capture import capture
+    from amprewrite.passes import pipeline, run_until
+    from amprewrite.policy import Policy
+    from amprewrite.report import REPORT_KEY, Report
+
+    policy = Policy(**options)
+    gm = capture(model, example_inputs).gm
+    gm.meta[REPORT_KEY] = Report(dtype=str(policy.dtype), capture="test")
+    gm = run_until(gm, policy, last, include=False)
+    (p,) = [p for p in pipeline(policy) if p.name == last]
+    return gm, p
+
+
+def rewrites(gm, pass_name: str) -> list:
+    """The report's rewrites made by one pass."""
+    return [r for r in gm.meta["amprewrite_report"].rewrites if r.pass_name == pass_name]

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from amprewrite.ops import FAMILIES, families_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,3 +36,13 @@ def test_errors_doc_covers_every_error_type():
     text = (ROOT / "docs" / "errors.md").read_text()
     for name in errors.__all__:
         assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("section", ["## Adding a pass", "## Adding a rewrite rule"])
+def test_guide_worked_examples_run(section):
+    """The guide's examples for extending the pipeline are code that runs and asserts."""
+    text = (ROOT / "docs" / "guide.md").read_text()
+    body = text[text.index(section):]
+    body = body[:body.index("\n## ", 1)]
+    code = body[body.index("```python\n") + 10:body.index("```", body.index("```python\n") + 10)]
+    exec(compile(code, f"guide.md {section}", "exec"), {"__name__": "guide_example"})

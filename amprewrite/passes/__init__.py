@@ -29,8 +29,8 @@ from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 from .vectorize_loops import VectorizeLoops
 
-__all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes", "run_pipeline",
-           "run_until"]
+__all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes", "run_pass",
+           "run_pipeline", "run_until"]
 
 PASSES: tuple[type[Pass], ...] = (
     # First: every later pass sees functional ops with get_attr weights, like dynamo's IR.
@@ -132,13 +132,21 @@ def run_pipeline(gm: fx.GraphModule, passes: Sequence[Pass],
 def run_until(gm: fx.GraphModule, policy: Policy, last: str, *,
               include: bool = True) -> fx.GraphModule:
     """Run the pipeline up to the pass named ``last`` (and it, unless ``include=False``): a
-    test runs one pass on a graph the passes before it prepared."""
+    test prepares a graph with the passes before one, then runs that one with :func:`run_pass`."""
     passes = pipeline(policy)
     names = [p.name for p in passes]
     if last not in names:
         raise ValueError(f"no pass named {last!r}; the passes are {names}")
-    stop = names.index(last) + include
-    return run_pipeline(gm, passes[:stop])
+    return run_pipeline(gm, passes[:names.index(last) + include])
+
+
+def run_pass(gm: fx.GraphModule, p: Pass) -> bool:
+    """Run one pass alone (its name current), then lint and recompile; True if it changed gm."""
+    with M.running_pass(p.name):
+        modified = p.run(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return bool(modified)
 
 
 def _meta_keys(gm: fx.GraphModule) -> dict[fx.Node, frozenset[str]]:

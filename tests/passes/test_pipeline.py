@@ -1,0 +1,97 @@
+"""The pass protocol: declarations checked, names current, one recompile, errors with context."""
+
+import pytest
+import torch
+from torch import fx, nn
+
+import amprewrite
+from amprewrite import meta as M
+from amprewrite.errors import PassError
+from amprewrite.passes import (PASSES, Kind, Pass, check_order, pipeline, rewrite_passes,
+                               run_pipeline)
+from amprewrite.policy import Policy
+from amprewrite.report import REPORT_KEY, Report
+
+
+def _gm():
+    gm = fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    gm.meta[REPORT_KEY] = Report(dtype="bfloat16", capture="test")
+    return gm
+
+
+def test_every_pass_declares_itself_and_the_order_holds():
+    names = [cls.name for cls in PASSES]
+    assert len(set(names)) == len(names)
+    for cls in PASSES:
+        assert isinstance(cls.kind, Kind)
+        assert all(k.startswith("amp_") for k in (*cls.requires, *cls.writes)), cls
+    check_order(pipeline(Policy()))  # raises if a pass reads what no earlier pass writes
+    assert rewrite_passes() == {"vectorize_loops", "replace_upsample", "insert_casts",
+                                "store_params"}
+
+
+def test_a_pass_before_what_it_requires_is_refused():
+    passes = pipeline(Policy())
+    paint = next(i for i, p in enumerate(passes) if p.name == "paint_precision")
+    moved = [passes[paint + 1], *passes[:paint], *passes[paint + 1 + 1:]]  # insert_casts first
+    with pytest.raises(PassError, match="'insert_casts' requires node.meta keys"):
+        check_order(moved)
+
+
+class Sneaky(Pass):
+    """Writes a key it does not declare."""
+
+    name, kind = "sneaky", Kind.ANALYSIS
+
+    def run(self, gm):
+        for n in gm.graph.nodes:
+            n.meta[M.CLASS] = "whatever"
+        return False
+
+
+def test_debug_mode_catches_undeclared_writes():
+    run_pipeline(_gm(), [Sneaky(None)])  # not checked outside debug mode (it costs a walk)
+    with pytest.raises(PassError, match="'sneaky' wrote node.meta keys"):
+        run_pipeline(_gm(), [Sneaky(None)], debug=True)
+
+
+class Count(Pass):
+    name, kind = "count", Kind.ANALYSIS
+
+    def run(self, gm):
+        return False
+
+
+def test_unmodified_graphs_are_not_recompiled_and_modified_ones_once():
+    gm = _gm()
+    timings = {}
+    run_pipeline(gm, [Count(None), Count(None)], timings)
+    assert "recompile" not in timings
+    gm = _gm()
+    timings = {}
+    run_pipeline(gm, pipeline(Policy()), timings)
+    assert "recompile" in timings  # the one lint + recompile, after the last pass
+    assert "to(torch.bfloat16)" in gm.code
+
+
+class Boom(Pass):
+    name, kind = "boom", Kind.REWRITE
+
+    def run(self, gm):
+        for n in M.each_node(gm.graph):
+            if n.op == "call_module":
+                raise RuntimeError("kaput")
+        return False
+
+
+def test_failures_name_the_pass_and_the_node():
+    with pytest.raises(PassError, match=r"pass 'boom' failed on node .*call_module.*kaput"):
+        run_pipeline(_gm(), [Boom(None)])
+
+
+def test_rewrites_are_recorded_under_the_running_pass():
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Upsample(scale_factor=2), nn.Conv2d(3, 3, 1))
+    gm = amprewrite.transform(model, torch.bfloat16, upsample="always",
+                              example_inputs=(torch.randn(1, 3, 4, 4),))
+    by_pass = {r.pass_name for r in amprewrite.report(gm).rewrites}
+    assert {"replace_upsample", "insert_casts"} <= by_pass and "" not in by_pass

@@ -16,6 +16,7 @@ from torch import nn
 import amprewrite
 from amprewrite import ShapeError, VerificationError
 from amprewrite.numerics import rel_err
+from amprewrite.passes import Kind, Pass
 from amprewrite.testing import zoo
 
 from .helpers import unchanged
@@ -130,15 +131,17 @@ class Attention(nn.Module):
         return torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), -1)
 
 
-def _corrupt_linear(gm):
+class CorruptLinear(Pass):
     """A deliberately broken rewrite: the first linear's output is off by 50%."""
-    from torch.fx.passes.infra.pass_base import PassResult
 
-    for node in gm.graph.nodes:
-        if node.target in (F.linear, torch._C._nn.linear):
-            node.target = _bad_linear
-            break
-    return PassResult(gm, True)
+    name, kind = "corrupt", Kind.REWRITE
+
+    def run(self, gm):
+        for node in gm.graph.nodes:
+            if node.target in (F.linear, torch._C._nn.linear):
+                node.target = _bad_linear
+                return True
+        return False
 
 
 def _bad_linear(x, w, b=None):
@@ -149,8 +152,7 @@ def test_broken_graph_raises_verification_error_naming_the_node(monkeypatch):
     import amprewrite.api as api
 
     real = api.pipeline
-    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy),
-                                                         ("corrupt", _corrupt_linear)])
+    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy), CorruptLinear(policy)])
     model = Attention().eval()
     with unchanged(model), pytest.raises(VerificationError) as err:
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),))

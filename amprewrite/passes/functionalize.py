@@ -139,7 +139,7 @@ def _inplace_flag(node: fx.Node) -> bool:
     return i is not None and len(node.args) > i and node.args[i] is True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inplace_position(fn: object) -> int | None:
     """The position of ``fn``'s ``inplace`` parameter (parsing a signature costs ~0.3 ms)."""
     try:

@@ -7,8 +7,15 @@ from torch import fx, nn
 import amprewrite
 from amprewrite import meta as M
 from amprewrite.errors import PassError
-from amprewrite.passes import (PASSES, Kind, Pass, check_order, pipeline, rewrite_passes,
-                               run_pipeline)
+from amprewrite.passes import (
+    PASSES,
+    Kind,
+    Pass,
+    check_order,
+    pipeline,
+    rewrite_passes,
+    run_pipeline,
+)
 from amprewrite.policy import Policy
 from amprewrite.report import REPORT_KEY, Report
 
@@ -34,7 +41,7 @@ def test_a_pass_before_what_it_requires_is_refused():
     passes = pipeline(Policy())
     paint = next(i for i, p in enumerate(passes) if p.name == "paint_precision")
     moved = [passes[paint + 1], *passes[:paint], *passes[paint + 1 + 1:]]  # insert_casts first
-    with pytest.raises(PassError, match="'insert_casts' requires node.meta keys"):
+    with pytest.raises(PassError, match=r"'insert_casts' requires node\.meta keys"):
         check_order(moved)
 
 
@@ -51,7 +58,7 @@ class Sneaky(Pass):
 
 def test_debug_mode_catches_undeclared_writes():
     run_pipeline(_gm(), [Sneaky(None)])  # not checked outside debug mode (it costs a walk)
-    with pytest.raises(PassError, match="'sneaky' wrote node.meta keys"):
+    with pytest.raises(PassError, match=r"'sneaky' wrote node\.meta keys"):
         run_pipeline(_gm(), [Sneaky(None)], debug=True)
 
 

@@ -69,21 +69,63 @@ def _fixed(node: fx.Node) -> str | None:
 
 
 class _Flow:
+    """An s-t flow network as ``{(u, v): capacity}`` (None = infinite)."""
+
+    # Up to this many free variables, try every labelling instead of running networkx: a
+    # transformer block's components have 1-3, and nx.minimum_cut costs ~0.3 ms a call.
+    EXHAUSTIVE = 4
+
     def __init__(self) -> None:
-        self.g = nx.DiGraph()
+        self.cap: dict[tuple, float | None] = {}
 
     def add(self, u, v, cap: float | None) -> None:
         """Add capacity ``cap`` (None = infinite) from u to v, summing parallel edges."""
-        if self.g.has_edge(u, v):
-            old = self.g[u][v].get("capacity")
-            if old is None or cap is None:
-                self.g[u][v].pop("capacity", None)
-            else:
-                self.g[u][v]["capacity"] = old + cap
-        elif cap is None:
-            self.g.add_edge(u, v)
+        if (u, v) in self.cap:
+            old = self.cap[(u, v)]
+            self.cap[(u, v)] = None if old is None or cap is None else old + cap
         else:
-            self.g.add_edge(u, v, capacity=cap)
+            self.cap[(u, v)] = cap
+
+    def source_side(self, variables: list[str]) -> set[str]:
+        """The variables on the source ("S") side of a minimum S-T cut."""
+        if len(variables) <= self.EXHAUSTIVE:
+            return self._exhaustive(variables)
+        g = nx.DiGraph()
+        g.add_nodes_from(["S", "T"])
+        for (u, v), c in self.cap.items():
+            g.add_edge(u, v) if c is None else g.add_edge(u, v, capacity=c)
+        _, (high_side, _) = nx.minimum_cut(g, "S", "T")
+        return {v for v in variables if v in high_side}
+
+    def _exhaustive(self, variables: list[str]) -> set[str]:
+        """Every labelling of the variables; each other (auxiliary) node takes its cheaper
+        side, which it can alone: auxiliary nodes only touch variables, S and T."""
+        inf = float("inf")
+        fixed = {"S": True, "T": False}
+        aux_in: dict[object, list] = defaultdict(list)
+        aux_out: dict[object, list] = defaultdict(list)
+        direct = []
+        known = set(variables) | {"S", "T"}
+        for (u, v), c in self.cap.items():
+            c = inf if c is None else c
+            if v not in known:
+                aux_in[v].append((u, c))
+            elif u not in known:
+                aux_out[u].append((v, c))
+            else:
+                direct.append((u, v, c))
+        best: tuple | None = None
+        for bits in range(1 << len(variables)):
+            side = {**fixed, **{v: bool(bits >> i & 1) for i, v in enumerate(variables)}}
+            total = sum(c for u, v, c in direct if side[u] and not side[v])
+            for a in aux_in.keys() | aux_out.keys():
+                on_source = sum(c for v, c in aux_out[a] if not side[v])
+                on_sink = sum(c for u, c in aux_in[a] if side[u])
+                total += min(on_source, on_sink)
+            key = (total, bin(bits).count("1"))  # ties: the smallest source side, as networkx
+            if best is None or key < best[0]:
+                best = (key, {v for v in variables if side[v]})
+        return best[1]
 
 
 def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
@@ -179,8 +221,7 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
             flow.add("S", name, _EPS)
         else:
             flow.add(name, "T", _EPS)
-    flow.g.add_nodes_from(["S", "T"])
-    _, (high_side, _low_side) = nx.minimum_cut(flow.g, "S", "T")
+    high_side = flow.source_side(list(var.values()))
     for r, name in var.items():
         r.meta[M.LABEL] = HIGH if name in high_side else LOW
     for u in values:  # tied members follow their representative

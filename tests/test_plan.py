@@ -129,3 +129,25 @@ def test_independent_components_are_cut_separately():
     out = [g.op(L, s, numel=10, name="lin1"), g.op(L, e, numel=1000, name="lin2")]
     assert g.plan(*out) == 2
     assert s.meta[M.LABEL] == M.HIGH and e.meta[M.LABEL] == M.LOW
+
+
+def test_exhaustive_small_cuts_agree_with_networkx(monkeypatch):
+    """Components of up to 4 free nodes are solved by trying every labelling (fast); it must
+    give networkx's labels on real graphs."""
+    import amprewrite
+    from amprewrite.demo import demo_model
+    from amprewrite.plan import _Flow
+    from amprewrite.testing.zoo import resnet
+
+    cases = [demo_model(), resnet()]
+
+    def labels():
+        out = []
+        for model, inputs in cases:
+            gm = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs, verify=False)
+            out.append({n.name: n.meta.get(M.LABEL) for n in gm.graph.nodes})
+        return out
+
+    fast = labels()
+    monkeypatch.setattr(_Flow, "EXHAUSTIVE", 0)
+    assert labels() == fast

@@ -13,8 +13,8 @@ from .common import RESULTS, table
 
 def transform_cost() -> str:
     data = json.loads((RESULTS / "transform_cost.json").read_text())
-    cols = ["capture", "blocks", "nodes", "nodes_after", "capture_s", "passes_s",
-            "capture_us_per_node", "passes_us_per_node", "peak_mb"]
+    cols = ["capture", "blocks", "nodes", "nodes_after", "capture_s", "passes_s", "recompile_s",
+            "capture_us_per_node", "passes_us_per_node", "recompile_us_per_node", "peak_mb"]
     fits = "\n".join(
         f"- {m}: time ~ nodes^k with k = {f['capture_exponent']:.2f} (capture), "
         f"{f['passes_exponent']:.2f} (passes); peak memory k = {f['peak_mb_exponent']:.2f}"

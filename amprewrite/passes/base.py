@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ class Kind(enum.Enum):
     REWRITE = "rewrite"  # changes which ops run (same result, exact where claimed)
 
 
-class Pass:
+class Pass(abc.ABC):
     """One step of the pipeline. Subclasses set the class attributes and implement ``run``."""
 
     name: ClassVar[str]
@@ -68,9 +69,9 @@ class Pass:
     def __init__(self, policy: Policy | None) -> None:
         self.policy = policy
 
+    @abc.abstractmethod
     def run(self, gm: fx.GraphModule) -> bool:
         """Change ``gm`` in place; True if anything changed."""
-        raise NotImplementedError
 
     def __call__(self, gm: fx.GraphModule) -> PassResult:
         return PassResult(gm, bool(self.run(gm)))

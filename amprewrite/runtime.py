@@ -195,14 +195,17 @@ def source_index(in_size: int, out_size: int, scale: float | None, exact: bool,
     return src.long().clamp_(max=in_size - 1)
 
 
-def output_sizes(in_sizes: Sequence[int], size, scale_factor,
-                 recompute_scale_factor: bool | None) -> tuple[list[int], list[float | None]]:
-    """The output sizes ``F.interpolate`` computes, and the scale ATen's index formula uses."""
+def output_sizes(in_sizes: Sequence[int | None], size, scale_factor,
+                 recompute_scale_factor: bool | None
+                 ) -> tuple[list[int | None], list[float | None]]:
+    """The output sizes ``F.interpolate`` computes, and the scale ATen's index formula uses
+    (an input size None, unknown until run time, gives an output size None)."""
     k = len(in_sizes)
     if size is not None:
         return _per_dim(size, k), [None] * k
     factors = _per_dim(scale_factor, k)
-    out = [math.floor(float(i) * float(f)) for i, f in zip(in_sizes, factors)]
+    out = [None if i is None else math.floor(float(i) * float(f))
+           for i, f in zip(in_sizes, factors)]
     return out, ([None] * k if recompute_scale_factor else [float(f) for f in factors])
 
 

@@ -150,8 +150,7 @@ def _nearest(b: Builder, x: fx.Node, size, scale_factor, exact: bool,
         k = rank - 2
         xi = info(x)
         ins = [xi.static_size(2 + d) for d in range(k)]
-        outs, scales = (output_sizes(ins, size, scale_factor, recompute) if None not in ins
-                        else (_per_dim_outs(size, k), _per_dim_scales(scale_factor, recompute, k)))
+        outs, scales = output_sizes(ins, size, scale_factor, recompute)
         factors = [repeat_factor(i, o, s, exact) for i, o, s in zip(ins, outs, scales)]
         if all(f is not None for f in factors):
             return _repeat(b, x, factors, like_x), "expand/reshape subgraph"
@@ -162,20 +161,6 @@ def _nearest(b: Builder, x: fx.Node, size, scale_factor, exact: bool,
         why = "rank unknown when tracing" if rank is None else "sizes computed in the graph"
     new = b.call(upsample_nearest, x, size, scale_factor, exact, recompute, value=like_x)
     return new, f"upsample_nearest ({why}: one exact call; pass example_inputs to inline it)"
-
-
-def _per_dim_outs(size, k: int) -> list[int | None]:
-    if size is None:
-        return [None] * k
-    return list(size) if isinstance(size, (list, tuple)) else [size] * k
-
-
-def _per_dim_scales(scale_factor, recompute, k: int) -> list[float | None]:
-    if scale_factor is None or recompute:
-        return [None] * k
-    if isinstance(scale_factor, (list, tuple)):
-        return [float(f) for f in scale_factor]
-    return [float(scale_factor)] * k
 
 
 def _layout(b: Builder, x: fx.Node, out: fx.Node, like_x: ValueInfo, rank: int) -> fx.Node:

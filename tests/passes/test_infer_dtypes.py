@@ -37,7 +37,7 @@ def test_dtypes_follow_factories_conversions_comparisons_and_promotion():
     assert d["_tensor_constant0"] == torch.int64  # steps + 1, which tracing computed once
     assert d["masked_fill"] == torch.float32
     lin = [n for n in gm.graph.nodes if "linear" in str(n.target) or n.target == "lin"]
-    assert lin and all(M.info(n).dtype in (torch.float32, None) for n in lin)
+    assert lin and all(M.info(n).dtype == torch.float32 for n in lin)  # fp32 weights decide
 
 
 def test_existing_value_infos_are_kept():
@@ -46,7 +46,6 @@ def test_existing_value_infos_are_kept():
     gm, p = prepared(Mixed(), "infer_dtypes", example_inputs=(x, ids))
     before = {n.name: n.meta[M.ORIG] for n in gm.graph.nodes if M.ORIG in n.meta}
     run_pass(gm, p)
-    assert all(gm.graph.find_nodes(op="placeholder"))
     for n in gm.graph.nodes:
         if n.name in before:
             assert n.meta[M.ORIG] is before[n.name]

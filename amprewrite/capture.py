@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
+from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
 from . import meta as M
@@ -210,8 +211,20 @@ def _buffer_clone_copy(module: nn.Module) -> nn.Module:
     return new
 
 
+class _Tracer(fx.Tracer):
+    """fx's tracer, except that a parametrized module (``weight_norm``, ``spectral_norm``,
+    ``register_parametrization``) is traced through, as dynamo does: its forward reads
+    ``self.weight``, which calls the parametrization (a leaf module computing the weight each
+    call) and gives a node the later passes can cast like any weight."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if parametrize.is_parametrized(m):
+            return False
+        return super().is_leaf_module(m, module_qualified_name)
+
+
 def _symbolic(model: nn.Module) -> fx.GraphModule:
-    tracer = fx.Tracer()
+    tracer = _Tracer()
     tracer.record_stack_traces = True
     traced = _buffer_clone_copy(model)
     try:
@@ -268,6 +281,7 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
         exported = _export(model, args, kwargs)
     except Exception as exc:
         exported, error = None, exc
+        _raise_if_own(model, exc)
     if exported is None:
         failure, out = _eager_run(model, args, kwargs)
         if failure is not None:
@@ -281,7 +295,9 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 exported = _export(model, args, kwargs)
             except Exception as exc:
                 error = exc
+                _raise_if_own(model, exc)
         if exported is None:
+            _raise_if_plain_export_works(model, args, kwargs, error)
             text = str(error).strip()
             first = text.splitlines()[0] if text else type(error).__name__
             raise CaptureError(
@@ -379,6 +395,40 @@ def _export(model: nn.Module, args: tuple, kwargs: dict):
         # marked dynamic (a re-capture for new sizes) stay symbolic.
         return torch._dynamo.export(share_copy(model), assume_static_by_default=True)(
             *args, **kwargs)
+
+
+def _raise_if_own(model: nn.Module, exc: BaseException) -> None:
+    """A failure raised by amprewrite's own code around the export (the structural copy, the
+    quiet loggers) is amprewrite's, not dynamo's: say so."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and os.path.abspath(frames[-1].filename).startswith(_OWN_DIR):
+        raise CaptureError(_own_failure(model, exc)) from exc
+
+
+def _raise_if_plain_export_works(model: nn.Module, args: tuple, kwargs: dict,
+                                 error: BaseException) -> None:
+    """Before blaming dynamo, export a deep copy of the model exactly as a user would
+    (``torch._dynamo.export(model)(*args)``). If that works, the failure is amprewrite's."""
+    try:
+        with warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit():
+            warnings.simplefilter("ignore")
+            torch._dynamo.export(copy.deepcopy(model), assume_static_by_default=True)(
+                *args, **kwargs)
+    except Exception:
+        return
+    raise CaptureError(_own_failure(model, error)) from error
+
+
+def _own_failure(model: nn.Module, exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return (
+        f"amprewrite could not capture {type(model).__name__}: {type(exc).__name__}: {first} "
+        "This is a bug in amprewrite, not in the model or in torch dynamo: "
+        "torch._dynamo.export captures the same model on these inputs. Please report it with "
+        "the model's class; meanwhile, transform without example_inputs (symbolic tracing) or "
+        "compile with torch.compile's default backend under torch.autocast."
+    )
 
 
 def _eager_run(model: nn.Module, args: tuple, kwargs: dict) -> tuple[str | None, object]:
@@ -486,9 +536,17 @@ def _get(root: nn.Module, qualname: str) -> object:
 
 
 def share_copy(module: nn.Module) -> nn.Module:
-    """A new module object with the same parameters and buffers (no tensor is copied)."""
-    new = copy.copy(module)
+    """A new module object with the same parameters and buffers (no tensor is copied).
+
+    The copy is made from the instance dict, not with ``copy.copy``: that goes through the
+    pickling protocol, which parametrized modules (``weight_norm``, ``spectral_norm``,
+    ``register_parametrization``) refuse ("only supported through state_dict()"). Their
+    parametrizations are submodules, so they are copied structurally like any other; the
+    parametrized class (with its ``weight`` property) is kept.
+    """
+    new = object.__new__(type(module))
     d = new.__dict__
+    d.update(module.__dict__)
     d["_parameters"] = dict(module._parameters)
     d["_buffers"] = dict(module._buffers)
     d["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)

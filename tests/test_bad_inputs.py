@@ -123,11 +123,6 @@ def test_forward_writes_a_parameter(inputs):
     assert "test_bad_inputs.py:" in msg  # the user's line, not torch's
 
 
-def test_forward_writes_a_buffer_dynamo():
-    _check(WritesBuffer(), ModelError, "updates floating-point buffer 'scale' in place",
-           example_inputs=(X,))
-
-
 def test_forward_writes_a_buffer_symbolic():
     model = WritesBuffer()
     msg = _check(model, ModelError, "updates buffer 'scale' in place")

@@ -30,8 +30,9 @@ Rules:
   of view ops. Where aliasing cannot be known (a symbolic ``reshape`` whose source is read after
   a write) or replayed (``broadcast_tensors``), the transform refuses with a clear error rather
   than guess;
-- writes to graph inputs are kept: a final ``input.copy_(new value)``; writes to float
-  parameters or buffers are refused (amprewrite casts those where they are read).
+- writes to graph inputs and buffers are kept: a final ``input.copy_(new value)``; writes to
+  float parameters are refused (amprewrite casts those where they are read, and
+  ``params="low"`` may store them as low copies).
 """
 
 from __future__ import annotations
@@ -369,16 +370,19 @@ class _Functionalizer:
             raise _unsupported(node, "it changes the tensor's shape or storage, not its values")
         if r.op == "get_attr" and not _traced_constant(r):
             value = _resolve(self.gm, r)
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                kind = "parameter" if isinstance(value, nn.Parameter) else "buffer"
+            if isinstance(value, nn.Parameter) and value.is_floating_point():
+                # A buffer update (running statistics, spectral_norm's power iteration) is
+                # data flow like any other and copied back at the end. A Parameter is refused:
+                # params='low' may store it as a low copy, and the copy back would run outside
+                # the model's no_grad block, which autograd rejects for a leaf.
                 where = M.source_line(node)
                 raise ModelError(
-                    f"{type(self.gm).__name__}.forward updates floating-point {kind} "
+                    f"{type(self.gm).__name__}.forward updates floating-point parameter "
                     f"'{r.target}' in place ({_op_name(node)}{' at ' + where if where else ''}"
-                    "). amprewrite casts parameters and buffers where they are read, so the "
-                    "graph could read a value from before the update. Move the update out of "
-                    "forward (into the training step, or a hook), or keep such state in an "
-                    "integer buffer."
+                    "). amprewrite casts parameters where they are read and may store them in "
+                    "low precision, so it does not capture updates of them. Move the update "
+                    "out of forward (into the training step, or a hook), or keep such state in "
+                    "a buffer."
                 )
         src = st.uncertain.get(r)
         while src is not None:  # a symbolic maybe-view: refuse only where it could matter

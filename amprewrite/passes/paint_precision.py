@@ -37,6 +37,12 @@ __all__ = ["PaintPrecision", "matches"]
 _ARANGE = {torch.arange, getattr(torch, "range", torch.arange)}
 
 
+def _own_floats(module: torch.nn.Module, low: torch.dtype) -> bool:
+    """Does ``module`` hold a float parameter or buffer that is not already ``low``?"""
+    return any(t.is_floating_point() and t.dtype != low
+               for t in (*module.parameters(), *module.buffers()))
+
+
 def matches(node: fx.Node, selector: Selector) -> bool:
     """Does a keep_fp32 / allow_low entry select ``node``?"""
     if isinstance(selector, type):
@@ -93,6 +99,12 @@ class PaintPrecision(Pass):
             node.meta[M.TIED] = True
         elif fam is not None:
             cls, why = precision_of(node, fam, module, low)
+            if cls == Precision.LOW and module is not None and _own_floats(module, low):
+                # Called as a whole (hooks, kwargs, a class without a lowering): its own
+                # parameters are read inside, where no cast can reach them.
+                cls, why = Precision.FP32, (f"{type(module).__name__} is called as a module "
+                                            "(hooks or no functional form): runs on its own "
+                                            "fp32 parameters")
         elif node.op == "call_module":
             cls, why = Precision.FP32, (f"unknown module {type(module).__name__}: runs with its "
                                         "own fp32 parameters")

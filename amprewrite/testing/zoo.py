@@ -106,6 +106,39 @@ def whisper():
     return model, {"input_features": torch.randn(2, 16, 64), "decoder_input_ids": _tokens(seq=16)}
 
 
+def swin():
+    """Shifted-window vision transformer: window partition/reverse, rolls, relative bias."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    cfg = SwinConfig(image_size=64, patch_size=4, embed_dim=24, depths=[2, 2, 2],
+                     num_heads=[2, 2, 4], window_size=4, num_labels=10)
+    _seed()
+    return SwinForImageClassification(cfg).eval(), (torch.randn(2, 3, 64, 64),)
+
+
+def efficientnet():
+    """EfficientNet-B0's depth (16 MBConv blocks: depthwise conv, squeeze-excite, BatchNorm,
+    SiLU) at a quarter of its width."""
+    from transformers import EfficientNetConfig, EfficientNetForImageClassification
+
+    cfg = EfficientNetConfig(image_size=64, width_coefficient=0.25, depth_coefficient=1.0,
+                             hidden_dim=320, num_labels=10)
+    _seed()
+    return EfficientNetForImageClassification(cfg).eval(), (torch.randn(2, 3, 64, 64),)
+
+
+def wav2vec2():
+    """Audio encoder whose positional convolution is ``weight_norm``-parametrized."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    cfg = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                         num_conv_pos_embedding_groups=4)
+    _seed()
+    return Wav2Vec2Model(cfg).eval(), (torch.randn(2, 1600),)
+
+
 # ----------------------------------------------------------------------------- diffusers
 def unet2d():
     from diffusers import UNet2DModel
@@ -202,6 +235,9 @@ MODELS = {
     "t5": t5, "vit": vit, "whisper": whisper, "unet2d": unet2d,
     "unet2d_condition": unet2d_condition, "autoencoder_kl": autoencoder_kl, "resnet": resnet,
 }
+# More architectures, outside the conformance matrix (docs/models.md): the capture-time table
+# (python -m benchmarks.capture) and tests/models.
+MORE = {"swin": swin, "efficientnet": efficientnet, "wav2vec2": wav2vec2}
 LIBRARY = {"unet2d": "diffusers", "unet2d_condition": "diffusers", "autoencoder_kl": "diffusers",
            "resnet": "tests (torch.nn)"}
 

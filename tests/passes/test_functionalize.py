@@ -471,3 +471,42 @@ class ParamWrite(nn.Module):
 def test_write_to_float_parameter_through_view_refused(capture):
     with pytest.raises(ModelError, match=r"updates floating-point parameter 'l\.weight'"):
         transform_via(capture, ParamWrite(), torch.randn(2, 4), dtype=torch.bfloat16)
+
+
+class RunningMean(nn.Module):
+    """A float buffer updated in forward and read after the update by a LOW op (a stale read
+    would use zeros on the first call: far off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.register_buffer("acc", torch.zeros(4))
+        self.register_buffer("calls", torch.ones(()))
+
+    def forward(self, x):
+        self.calls += 1
+        self.acc.mul_(0.5).add_(x.mean(0) * 3)
+        return self.l(x + self.acc) * self.calls
+
+
+@pytest.mark.parametrize("params", ["fp32", "low"])
+def test_float_buffer_update_reads_the_new_value_and_reaches_the_buffer(params):
+    torch.manual_seed(0)
+    model = RunningMean()
+    ref = RunningMean()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(3, 4)
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,), params=params)
+    for step in range(3):
+        xs = torch.randn(3, 4)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            want = ref(xs)
+        got = gm(xs)
+        # The update is fp32 arithmetic in both: the buffers agree exactly.
+        assert torch.equal(model.acc, ref.acc) and torch.equal(model.calls, ref.calls), step
+        assert float(model.calls) == step + 2
+        # bf16 linear in both, same inputs: a few bf16 roundoffs apart; a stale read of acc
+        # (zeros, then the previous value) is off by far more than this.
+        assert rel_err(got, want.float()) < 2e-2, step
+    copies = [n for n in gm.graph.nodes if n.target == "copy_"]
+    assert sorted(str(n.args[0].target) for n in copies) == ["acc", "calls"]

@@ -70,11 +70,18 @@ def measure(name: str, rounds: int, compare: bool) -> dict:
     row["ratio"] = row["transform_s"] / row["export_static_s"]
     row["meets_goal"] = row["ratio"] <= GOAL_RATIO and row["transform_s"] <= GOAL_SECONDS
     if compare:
-        row["export_dynamic_s"] = _timed(lambda: torch._dynamo.export(
-            model, assume_static_by_default=False)(*args, **kwargs))[0]
-        row["export_nonstrict_s"] = _timed(lambda: torch.export.export(
-            model, args, kwargs, strict=False))[0]
+        row["export_dynamic_s"] = _try(lambda: torch._dynamo.export(
+            model, assume_static_by_default=False)(*args, **kwargs))
+        row["export_nonstrict_s"] = _try(lambda: torch.export.export(
+            model, args, kwargs, strict=False))
     return row
+
+
+def _try(fn) -> float | str:
+    try:
+        return _timed(fn)[0]
+    except Exception as exc:  # a comparison column only: say it failed, and why
+        return f"failed ({type(exc).__name__})"
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -18,6 +18,7 @@ from .errors import (
     ShapeError,
     VerificationError,
 )
+from .generation import for_generation
 from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
 from .ops import FAMILIES, Family, Precision
 from .policy import Policy
@@ -45,6 +46,7 @@ __all__ = [
     "backend",
     "check_numerics",
     "find_fp32_nodes",
+    "for_generation",
     "report",
     "transform",
 ]

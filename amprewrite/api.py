@@ -13,7 +13,7 @@ from torch import fx, nn
 from . import meta as M
 from .capture import DynamoGraphModule, capture
 from .errors import ModelError, PolicyError
-from .ops import FAMILIES
+from .ops import FAMILIES, Precision
 from .passes import pipeline, run_pipeline
 from .policy import Policy, Selector
 from .report import POLICY_KEY, REPORT_KEY, Decision, Report
@@ -109,6 +109,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     gm.meta[POLICY_KEY] = policy
     if on_pass is not None:
         on_pass("capture", gm)
+    rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
     rep.decisions = _decisions(gm, policy)
     rep.notes += _notes(gm, captured.method)
@@ -140,10 +141,62 @@ def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"
     start = time.perf_counter()
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method)
     gm.meta[REPORT_KEY] = rep
+    rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings)
     rep.decisions = _decisions(gm, policy)
     rep.timings["total"] = time.perf_counter() - start
     return gm
+
+
+# Higher-order ops whose first argument is a subgraph called once on the other arguments, its
+# outputs returned as they are: activation checkpointing (``checkpoint_wrapper``,
+# ``torch.utils.checkpoint`` under dynamo) and dynamo's plain ``wrap``.
+_BODY_OPS = {"tag_activation_checkpoint", "wrap"}
+
+
+def transform_bodies(gm: fx.GraphModule, policy: Policy) -> list[str]:
+    """Transform the body of each activation-checkpoint (or ``wrap``) region as a graph of its
+    own, its inputs and outputs kept in their dtypes (fp32), and return report notes.
+
+    The passes do not look inside a subgraph: without this the region is one op they do not
+    know, run in fp32, and a checkpointed transformer block would not run low at all. The
+    boundary is fp32, so the outer graph's plan stays valid whatever happens inside; the price
+    is a cast at each region input and output. Other higher-order ops (``cond``, ``map``,
+    ``while_loop``) keep fp32 bodies: their bodies are called under conditions the passes do
+    not model.
+    """
+    from .capture import annotate_dynamo_graph
+
+    notes = []
+    inner = dataclasses.replace(policy, keep_io_dtype=True)
+    for node in list(gm.graph.nodes):
+        name = getattr(node.target, "__name__", "")
+        if node.op != "call_function" or name not in _BODY_OPS or not node.args:
+            continue
+        body_ref = node.args[0]
+        if not (isinstance(body_ref, fx.Node) and body_ref.op == "get_attr"):
+            continue
+        body = gm.get_submodule(str(body_ref.target))
+        if not isinstance(body, fx.GraphModule) or REPORT_KEY in body.meta:
+            continue  # not a graph, or transformed already (a body shared by two calls)
+        annotate_dynamo_graph(body.graph)
+        for inner_node in body.graph.nodes:  # the body's nodes belong to the outer module
+            if not inner_node.meta.get(M.MODULE_PATH):
+                inner_node.meta[M.MODULE_PATH] = node.meta.get(M.MODULE_PATH, "")
+        body = transform_graph(body, inner)
+        gm.set_submodule(str(body_ref.target), body) if hasattr(gm, "set_submodule") else \
+            setattr(gm, str(body_ref.target), body)
+        node.meta[M.FORCE] = (Precision.FP32, f"{name} region: its body is transformed as its "
+                              "own graph, with fp32 inputs and outputs")
+        counts = report_of(body).counts()
+        notes.append(f"{node.name}: the {name} region's body was transformed as its own graph "
+                     f"({counts.get('low', 0)} low ops, {counts.get('cast', 0)} casts), with "
+                     "fp32 inputs and outputs")
+    return notes
+
+
+def report_of(gm: fx.GraphModule) -> Report:
+    return gm.meta[REPORT_KEY]
 
 
 def _model_device(model: nn.Module) -> torch.device:

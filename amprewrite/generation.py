@@ -24,6 +24,7 @@ torch.Size([1, 7])
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ __all__ = ["for_generation"]
 
 
 def for_generation(model: nn.Module, dtype: torch.dtype | str = torch.bfloat16, *,
-                   inner: str = "eager", static_cache: bool = True,
+                   inner: str | Callable = "eager", static_cache: bool = True,
                    **options: object) -> nn.Module:
     """A copy of an HF generative ``model`` whose forward runs through the amprewrite backend.
 
@@ -46,7 +47,8 @@ def for_generation(model: nn.Module, dtype: torch.dtype | str = torch.bfloat16, 
         dtype: the low-precision dtype, as for :func:`amprewrite.transform`.
         inner: the backend that runs the rewritten graphs: ``"eager"`` (default; compiles in
             seconds, best for short runs and CPU) or ``"inductor"`` (fused kernels: compiles
-            for tens of seconds on CPU, pays off over long generations on GPU).
+            for tens of seconds on CPU, pays off over long generations on GPU), or a
+            backend callable.
         static_cache: make ``cache_implementation="static"`` the copy's default (two graphs
             in all); ``False`` keeps the model's cache (a DynamicCache compiles three graphs,
             the last with symbolic lengths).

@@ -153,3 +153,64 @@ def test_syncbatchnorm_is_painted_fp32():
     assert sbn.op == "call_module" and sbn.meta[M.CLASS] == Precision.FP32
     (cast,) = sbn.args
     assert cast.meta[M.CAST] == torch.float32  # low conv output is upcast before it
+
+
+class Checkpointed(nn.Module):
+    """Blocks under activation checkpointing: dynamo captures each as a region whose body is
+    a subgraph (``tag_activation_checkpoint``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8))
+            for _ in range(2))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=False)
+        return x.softmax(-1)
+
+
+def _region_bodies(gm):
+    regions = [n for n in gm.graph.nodes
+               if getattr(n.target, "__name__", "") == "tag_activation_checkpoint"]
+    return regions, [gm.get_submodule(str(n.args[0].target)) for n in regions]
+
+
+@pytest.mark.parametrize("via", ["transform", "backend"])
+def test_checkpoint_region_bodies_run_low_with_fp32_boundaries(via):
+    torch.manual_seed(0)
+    model = Checkpointed().train()
+    x = torch.randn(4, 8, requires_grad=True)
+    if via == "transform":
+        gms = [amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,))]
+        out = gms[0](x)
+    else:
+        gms = []
+
+        def record(gm, example_inputs):
+            gms.append(gm)
+            return gm.forward
+
+        out = torch.compile(model, backend=amprewrite.backend(inner=record))(x)
+    regions, bodies = _region_bodies(gms[0])
+    assert len(regions) == 2
+    for region, body in zip(regions, bodies):
+        assert region.meta[M.CLASS] == Precision.FP32  # the region itself: fp32 in and out
+        kinds = {(n.meta.get(M.FAMILY), n.meta.get(M.CLASS)) for n in body.graph.nodes}
+        assert ("linear", Precision.LOW) in kinds and ("layer_norm", Precision.FP32) in kinds
+        (ret,) = [n for n in body.graph.nodes if n.op == "output"]
+        outs = ret.args[0] if isinstance(ret.args[0], (tuple, list)) else [ret.args[0]]
+        assert all(M.info(o).dtype == torch.float32 or M.CAST in o.meta for o in outs)
+    assert any("region's body was transformed" in note
+               for note in amprewrite.report(gms[0]).notes)
+    # Numerics and gradients: autocast's error class against the fp32 model.
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref = model(ref_x)
+    w = torch.randn(4, 8)  # softmax rows sum to 1: a plain sum has zero gradient
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    assert out.dtype == torch.float32 and rel_err(out, ref) < 2e-2
+    assert rel_err(x.grad, ref_x.grad) < 5e-2

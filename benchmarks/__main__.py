@@ -1,11 +1,13 @@
 """One command that measures everything and writes docs/benchmarks/:
 
     python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
-                                        # plots, real-model conformance matrix (docs/models.md)
+                                        # plots, capture time, generation, real-model
+                                        # conformance matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
 
-Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,conformance}
+Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,capture,
+generate,conformance}
 --help.
 """
 
@@ -15,7 +17,7 @@ import argparse
 import sys
 import time
 
-from . import conformance, loops, plots, runtime, transform_cost, upsample
+from . import capture, conformance, generate, loops, plots, runtime, transform_cost, upsample
 
 
 def _all(quick: bool, device: str | None, gpu: bool) -> None:
@@ -30,11 +32,15 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("loops", loops.main,
          (["--repeats", "5", "--batches", "64"] if quick else ["--repeats", "300"]) + dev),
         ("plots", plots.main, []),
+        ("capture time", capture.main,
+         ["--models", "llama", "resnet", "--rounds", "1"] if quick else []),
+        ("generation", generate.main,
+         ["--variants", "autocast", "amprewrite-eager", "--tokens", "4"] if quick else []),
     ]
     if not quick and not gpu:  # the whole matrix or none: docs/models.md lists every model
         steps.append(("conformance", conformance.main, []))
-    if gpu:
-        steps = [s for s in steps if s[0] != "transform cost"]  # a CPU-side cost
+    if gpu:  # CPU-side costs, and CPU-only scripts
+        steps = [s for s in steps if s[0] not in ("transform cost", "capture time", "generation")]
     for name, fn, argv in steps:
         start = time.perf_counter()
         print(f"== {name}: {' '.join(argv)}", flush=True)

@@ -1,6 +1,6 @@
 """Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
 
-    python -m benchmarks.report transform_cost|runtime_cpu
+    python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|generate
 """
 
 from __future__ import annotations
@@ -53,8 +53,19 @@ def loops(device: str = "cpu") -> str:
            f"{data['compile_ratio']:.1f}x"
 
 
+def capture() -> str:
+    data = json.loads((RESULTS / "capture.json").read_text())
+    return table(data["rows"], ["model", "nodes", "export_static_s", "transform_s", "capture_s",
+                                "passes_s", "ratio", "meets_goal"])
+
+
+def generate() -> str:
+    data = json.loads((RESULTS / "generate.json").read_text())
+    return table(data["rows"], ["variant", "first_s", "second_s", "tokens_equal"])
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
-          "loops": loops}
+          "loops": loops, "capture": capture, "generate": generate}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

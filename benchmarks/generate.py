@@ -12,13 +12,14 @@ Variants: ``autocast`` (eager), ``autocast+inductor`` (``model.forward = torch.c
 under autocast), ``amprewrite-eager`` / ``amprewrite-inductor`` (:func:`amprewrite.for_generation`
 with a static cache, the documented recipe), ``*-dynamic`` (the same on HF's DynamicCache),
 ``dynamo-eager`` (``torch.compile(backend="eager")`` in fp32 with a static cache: what dynamo
-alone costs).
+alone costs). inductor's on-disk caches are off, so every first call compiles.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -71,8 +72,10 @@ print(json.dumps({"variant": variant, "first_s": times[0], "second_s": times[1],
 
 
 def run(variant: str, tokens: int) -> dict:
+    # inductor's on-disk caches off: a first call must really compile, in every run.
+    env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
     proc = subprocess.run([sys.executable, "-c", _CHILD, variant, str(tokens)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]

@@ -196,3 +196,46 @@ def test_real_model_captured_at_batch_1_runs_at_batch_4_and_another_size(name):
                 auto = zoo.first_tensor(zoo.call(model, inp))
         assert out.shape == ref.shape
         assert rel_err(out, ref) <= 1.5 * rel_err(auto.float(), ref) + 1e-3
+
+
+# --- the call path ----------------------------------------------------------------------------
+def test_plain_positional_call_skips_pytree_and_keeps_results_and_hooks():
+    """The common call (positional tensors, no keywords, no hooks) runs the graph's code
+    generated without pytree flatten/unflatten or the in-graph check; same results."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+    x = torch.randn(2, 8)
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    fast = gm._amp_fast
+    assert fast is not None and fast.n == 1 and fast.kind == "leaf"
+    assert "tree_flatten_spec" in gm.code and "amp_input_check" in gm.code
+    calls = []
+    original = fast.fn
+    fast.fn = lambda *a: calls.append(1) or original(*a)
+    out = gm(x)
+    assert calls and torch.equal(out, gm.forward(x))  # the fast path ran, bit-exact
+    seen = []
+    handle = gm.register_forward_hook(lambda mod, args, output: seen.append(output))
+    calls.clear()
+    hooked = gm(x)
+    assert seen and not calls and torch.equal(hooked, out)  # hooks: the ordinary call
+    handle.remove()
+    with pytest.raises(ShapeError):  # a size the model rejects still raises, named
+        gm(torch.randn(2, 16))
+
+
+def test_dict_inputs_and_structured_outputs_take_the_ordinary_call():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, x, scale=2.0):
+            return {"y": self.l(x) * scale, "z": (x.sum(), x.mean())}
+
+    x = torch.randn(3, 4)
+    gm = amprewrite.transform(Net(), torch.bfloat16, example_inputs=(x,))
+    out = gm(x)
+    assert set(out) == {"y", "z"} and isinstance(out["z"], tuple)
+    assert torch.equal(out["y"], gm.forward(x)["y"])
+    kw = amprewrite.transform(Net(), torch.bfloat16, example_inputs={"x": x})
+    assert torch.equal(kw(x=x)["y"], out["y"])  # keywords: bound to the signature

@@ -233,9 +233,10 @@ def test_dict_inputs_and_structured_outputs_take_the_ordinary_call():
             return {"y": self.l(x) * scale, "z": (x.sum(), x.mean())}
 
     x = torch.randn(3, 4)
-    gm = amprewrite.transform(Net(), torch.bfloat16, example_inputs=(x,))
+    net = Net()
+    gm = amprewrite.transform(net, torch.bfloat16, example_inputs=(x,))
     out = gm(x)
     assert set(out) == {"y", "z"} and isinstance(out["z"], tuple)
     assert torch.equal(out["y"], gm.forward(x)["y"])
-    kw = amprewrite.transform(Net(), torch.bfloat16, example_inputs={"x": x})
+    kw = amprewrite.transform(net, torch.bfloat16, example_inputs={"x": x})
     assert torch.equal(kw(x=x)["y"], out["y"])  # keywords: bound to the signature

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import time
+import weakref
 from collections.abc import Iterable
 
 import torch
@@ -114,7 +115,9 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     rep.decisions = _decisions(gm, policy)
     rep.notes += _notes(gm, captured.method)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
-        gm._amp_source = (model, policy)  # to transform again for inputs of other shapes
+        # To transform again for inputs of other shapes. With params="low" only weakly: the
+        # point of low weights is that dropping the fp32 model frees its weights.
+        gm._amp_source = (weakref.ref(model) if policy.params == "low" else model, policy)
     if example_inputs is not None and policy.verify:
         _verify(model, gm, example_inputs, policy, rep)
     rep.timings["total"] = time.perf_counter() - start

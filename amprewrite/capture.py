@@ -22,6 +22,7 @@ import os
 import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -177,6 +178,16 @@ def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
             "on_new_shape='transform', the default, to let amprewrite do so when called)."
         )
     model, policy = gm._amp_source
+    if isinstance(model, weakref.ref):  # params="low": the graph does not keep the fp32 model
+        model = model()
+        if model is None:
+            raise ShapeError(
+                f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
+                "It was transformed with params='low' and holds only low-precision weights; "
+                "the fp32 model it would be transformed from again has been freed. Keep the "
+                "fp32 model alive to have new shapes transformed automatically, or transform "
+                "with example_inputs of the shapes you will call it with."
+            )
     if policy.on_new_shape == "error":
         raise ShapeError(
             f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
@@ -400,11 +411,24 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             if isinstance(obj, torch.Tensor) and id(obj) in names:
                 node.target = names[id(obj)]
     gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
+    _release(src)
     gm._amp_captured_training = model.training
     gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
     _add_input_check(gm)
     _operand_dtypes(gm, model)
     return gm
+
+
+def _release(src: fx.GraphModule) -> None:
+    """Drop the exported module's references to the model's tensors. dynamo's cache entry for
+    the export (on a code object only the export ran) keeps that module alive; with its
+    tensors, dropping the fp32 model after ``params="low"`` would free nothing."""
+    for mod in src.modules():
+        mod._parameters.clear()
+        mod._buffers.clear()
+        for name, value in list(vars(mod).items()):
+            if isinstance(value, torch.Tensor):
+                delattr(mod, name)
 
 
 def _add_input_check(gm: DynamoGraphModule) -> None:

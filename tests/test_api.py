@@ -302,3 +302,37 @@ def test_transforms_leave_torch_compile_of_modules_working():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
     gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 8),))
     assert gm(torch.randn(4, 8)).shape == (4, 8)
+
+
+def test_params_low_stores_only_weights_low_ops_read_and_frees_the_fp32_model():
+    """params='low' on a real model: a weight is stored low exactly when every reader is a
+    LOW op; the graph keeps no reference to the fp32 model, so dropping it frees its weights."""
+    import gc
+    import weakref
+
+    from amprewrite.testing.zoo import llama
+
+    model, inputs = llama()
+    refs = {name: weakref.ref(p) for name, p in model.named_parameters()}
+    gm = transform(model, dtype=torch.bfloat16, example_inputs=inputs, params="low")
+    readers: dict[str, list] = {}
+    for node in gm.graph.find_nodes(op="get_attr"):
+        readers.setdefault(str(node.target), []).extend(node.users)
+    stored = {name for name, p in gm.named_parameters() if p.dtype == torch.bfloat16}
+    assert stored  # the projections and the head
+    for name, users in readers.items():
+        if name in stored:
+            assert users and all(u.meta.get(M.CLASS) == Precision.LOW for u in users), name
+        elif name in refs:  # kept fp32: some reader is not a cast to bf16 (a norm, an add)
+            assert not all(M.CAST in u.meta and u.args[1] == torch.bfloat16 for u in users), name
+    assert {n.split(".")[-2] for n in stored} >= {"q_proj", "down_proj", "lm_head"}
+    norms = [n for n in refs if "norm" in n]
+    assert norms and not set(norms) & stored  # RMSNorm scales: fp32, shared
+    out = gm(*inputs).logits
+    del model
+    gc.collect()
+    assert all(refs[name]() is None for name in stored)  # the fp32 copies are gone
+    assert all(refs[name]() is not None for name in norms)  # shared with the graph
+    assert torch.equal(gm(*inputs).logits, out)
+    with pytest.raises(amprewrite.ShapeError, match="fp32 model .* has been freed"):
+        gm(inputs[0][:, :7])  # a new shape cannot be transformed from a freed model

@@ -334,5 +334,5 @@ def test_params_low_stores_only_weights_low_ops_read_and_frees_the_fp32_model():
     assert all(refs[name]() is None for name in stored)  # the fp32 copies are gone
     assert all(refs[name]() is not None for name in norms)  # shared with the graph
     assert torch.equal(gm(*inputs).logits, out)
-    with pytest.raises(amprewrite.ShapeError, match="fp32 model .* has been freed"):
+    with pytest.raises(amprewrite.ShapeError, match=r"fp32 model .* has been freed"):
         gm(inputs[0][:, :7])  # a new shape cannot be transformed from a freed model

@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import platform
+import random
 from pathlib import Path
 
 import torch
@@ -42,8 +43,9 @@ def interleaved(fns: dict, repeats: int, device: str = "cpu", warmup: int = 2
                 ) -> dict[object, tuple[float, float]]:
     """Median and interquartile range (ms) of each callable, timed round-robin.
 
-    Every callable runs once per round, so the machine's drift (large on shared machines)
-    affects all of them alike; only ratios from one such run are compared.
+    Every callable runs once per round, in a new random order each round, so the machine's drift
+    (large on shared machines) and each callable's after-effects on the next affect all of
+    them alike; only ratios from one such run are compared.
     """
     import statistics
     import time
@@ -56,8 +58,16 @@ def interleaved(fns: dict, repeats: int, device: str = "cpu", warmup: int = 2
         for _ in range(warmup):
             fn()
     samples: dict[object, list[float]] = {k: [] for k in fns}
+    items = list(fns.items())
+    order = random.Random(0)
     for _ in range(repeats):
-        for key, fn in fns.items():
+        # A new order each round (seeded): a callable that slows the next one (the Python
+        # loop of the loops benchmark leaves the allocator and caches cold: the op right after
+        # it measured 15-30% slower) slows each of the others equally often on average. (A
+        # rotated order does not: in a stream of rounds A B C | B C A | C A B, B follows A
+        # twice as often as C does.)
+        order.shuffle(items)
+        for key, fn in items:
             sync()
             start = time.perf_counter()
             fn()

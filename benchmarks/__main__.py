@@ -1,13 +1,13 @@
 """One command that measures everything and writes docs/benchmarks/:
 
     python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
-                                        # plots, capture time, generation, real-model
+                                        # plots, inference, capture time, generation, real-model
                                         # conformance matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
 
-Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,capture,
-generate,conformance}
+Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
+capture,generate,conformance}
 --help.
 """
 
@@ -17,7 +17,17 @@ import argparse
 import sys
 import time
 
-from . import capture, conformance, generate, loops, plots, runtime, transform_cost, upsample
+from . import (
+    capture,
+    conformance,
+    generate,
+    inference,
+    loops,
+    plots,
+    runtime,
+    transform_cost,
+    upsample,
+)
 
 
 def _all(quick: bool, device: str | None, gpu: bool) -> None:
@@ -32,6 +42,9 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("loops", loops.main,
          (["--repeats", "5", "--batches", "64"] if quick else ["--repeats", "300"]) + dev),
         ("plots", plots.main, []),
+        ("inference", inference.main,
+         (["--repeats", "3", "--cases", "llama 1-token b1"] if quick else [])
+         + (["--modes", "eager", "compiled"] if gpu else []) + dev),
         ("capture time", capture.main,
          ["--models", "llama", "resnet", "--rounds", "1"] if quick else []),
         ("generation", generate.main,

@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "compiled"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     args = parser.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
@@ -146,9 +147,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(table(case_rows, COLUMNS), flush=True)
         rows += case_rows
     print(table(rows, COLUMNS))
-    save(f"inference_{args.device}", rows, {
+    save(f"inference_{args.device}{'_' + args.tag if args.tag else ''}", rows, {
         "command": f"python -m benchmarks.inference --repeats {args.repeats} --modes "
-                   f"{' '.join(args.modes)} --device {args.device} --dtype {args.dtype}"})
+                   f"{' '.join(args.modes)} --device {args.device} --dtype {args.dtype}"
+                   f" --cases {' '.join(repr(c) for c in args.cases)}"})
     return rows
 
 

@@ -88,7 +88,7 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _variants(model, inputs, device, dtype, training):
+def _variants(model, inputs, device, dtype, training, modes=("eager", "compiled")):
     """name -> (callable module, context factory, inputs); built lazily by the caller."""
     def low(inp):
         return tuple(i.to(dtype) if i.is_floating_point() else i for i in inp)
@@ -107,6 +107,8 @@ def _variants(model, inputs, device, dtype, training):
         ("eager", "to_low"): (low_model, none, low(inputs)),
         ("eager", "amprewrite transform"): (gm, none, inputs),
     }
+    if "compiled" not in modes:
+        return built
     for name, (m, ctx, inp) in list(built.items()):
         built[("compiled", name[1])] = (torch.compile(m), ctx, inp)
     built[("compiled", "amprewrite backend")] = (
@@ -114,19 +116,19 @@ def _variants(model, inputs, device, dtype, training):
     return built
 
 
-def run(name, device, repeats, dtype, big=False):
+def run(name, device, repeats, dtype, big=False, modes=("eager", "compiled"), tasks=(False, True)):
     model, inputs = MODELS[name](device, big)
     rows = []
     with torch.no_grad():
         ref64 = _out(copy.deepcopy(model).eval().double()(
             *(i.double() if i.is_floating_point() else i for i in inputs))).double()
-    for training in (False, True):
+    for training in tasks:
         model.train(training)
         torch._dynamo.reset()
         grad_ctx = contextlib.nullcontext if training else torch.no_grad
         steps, results = {}, {}
         for (mode, variant), (m, ctx, inp) in _variants(model, inputs, device, dtype,
-                                                        training).items():
+                                                        training, modes).items():
             def step(m=m, ctx=ctx, inp=inp, training=training):
                 with ctx():
                     out = _out(m(*inp))
@@ -158,14 +160,19 @@ def run(name, device, repeats, dtype, big=False):
             rows.append(row)
         base = {r["mode"]: r.get("median_ms") for r in rows
                 if r["variant"] == "fp32" and r["task"] == rows[-1]["task"]}
+        auto = {r["mode"]: r.get("median_ms") for r in rows
+                if r["variant"] == "autocast" and r["task"] == rows[-1]["task"]}
         for r in rows[-len(results):]:
             if r.get("median_ms") and base.get(r["mode"]):
                 r["vs_fp32"] = r["median_ms"] / base[r["mode"]]
+            if r.get("median_ms") and auto.get(r["mode"]):
+                r["vs_autocast"] = r["median_ms"] / auto[r["mode"]]
             print(table([r], [k for k in COLUMNS if k in r]), flush=True)
     return rows
 
 
 COLUMNS = ["model", "dtype", "task", "mode", "variant", "median_ms", "iqr_ms", "vs_fp32",
+           "vs_autocast",
            "rel_err_vs_fp64", "first_call_s", "error"]
 
 
@@ -176,15 +183,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp16"])
     parser.add_argument("--big", action="store_true", help="GPU-sized models and inputs")
+    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"],
+                        choices=["eager", "compiled"])
+    parser.add_argument("--tasks", nargs="+", default=["infer", "train"],
+                        choices=["infer", "train"])
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     args = parser.parse_args(argv)
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in args.dtypes]
+    tasks = tuple(t == "train" for t in args.tasks)
     rows = [r for name in args.models for dt in dtypes
-            for r in run(name, args.device, args.repeats, dt, args.big)]
+            for r in run(name, args.device, args.repeats, dt, args.big, args.modes, tasks)]
     print(table(rows, COLUMNS))
-    path = save(f"runtime_{args.device}", rows, {
+    path = save(f"runtime_{args.device}{'_' + args.tag if args.tag else ''}", rows, {
         "command": f"python -m benchmarks.runtime --repeats {args.repeats} --device "
                    f"{args.device} --models {' '.join(args.models)} --dtypes "
-                   f"{' '.join(args.dtypes)}" + (" --big" if args.big else "")})
+                   f"{' '.join(args.dtypes)} --modes {' '.join(args.modes)} --tasks "
+                   f"{' '.join(args.tasks)}" + (" --big" if args.big else "")
+                   + (f" --tag {args.tag}" if args.tag else "")})
     print(f"saved {path}")
 
 

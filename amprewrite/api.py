@@ -180,26 +180,25 @@ def transform_bodies(gm: fx.GraphModule, policy: Policy) -> list[str]:
         if not (isinstance(body_ref, fx.Node) and body_ref.op == "get_attr"):
             continue
         body = gm.get_submodule(str(body_ref.target))
-        if not isinstance(body, fx.GraphModule) or REPORT_KEY in body.meta:
-            continue  # not a graph, or transformed already (a body shared by two calls)
+        if not isinstance(body, fx.GraphModule):
+            continue
+        node.meta[M.FORCE] = (Precision.FP32, f"{name} region: its body is transformed as its "
+                              "own graph, with fp32 inputs and outputs")
+        if REPORT_KEY in body.meta:
+            continue  # transformed already: a body two regions call
         annotate_dynamo_graph(body.graph)
         for inner_node in body.graph.nodes:  # the body's nodes belong to the outer module
             if not inner_node.meta.get(M.MODULE_PATH):
                 inner_node.meta[M.MODULE_PATH] = node.meta.get(M.MODULE_PATH, "")
-        body = transform_graph(body, inner)
-        gm.set_submodule(str(body_ref.target), body) if hasattr(gm, "set_submodule") else \
-            setattr(gm, str(body_ref.target), body)
-        node.meta[M.FORCE] = (Precision.FP32, f"{name} region: its body is transformed as its "
-                              "own graph, with fp32 inputs and outputs")
-        counts = report_of(body).counts()
+        new_body = transform_graph(body, inner)
+        if new_body is not body:
+            gm.set_submodule(str(body_ref.target), new_body)
+            body = new_body
+        counts = body.meta[REPORT_KEY].counts()
         notes.append(f"{node.name}: the {name} region's body was transformed as its own graph "
                      f"({counts.get('low', 0)} low ops, {counts.get('cast', 0)} casts), with "
                      "fp32 inputs and outputs")
     return notes
-
-
-def report_of(gm: fx.GraphModule) -> Report:
-    return gm.meta[REPORT_KEY]
 
 
 def _model_device(model: nn.Module) -> torch.device:

@@ -103,9 +103,12 @@ class _FastCall:
     captured, no keywords, no hooks -- once the dispatcher has checked the inputs.
 
     fx generates a dynamo graph's ``forward`` with a pytree flatten of the inputs, the input
-    check (needed when ``forward`` is called or compiled directly) and a pytree unflatten of
-    the outputs: about a third of a 60 us op's time. This is the same graph generated without
-    the three (``fx.graph.CodeGen``), its flat outputs rebuilt by the captured output spec.
+    check (needed when ``forward`` is called or compiled directly, and repeated work once the
+    dispatcher has checked) and a pytree unflatten of the outputs, all reached through
+    ``nn.Module.__call__``. This is the same graph generated without the three
+    (``fx.graph.CodeGen``), its flat outputs rebuilt by the captured output spec. (The larger
+    cost of the old call, binding the arguments to the signature, is gone from
+    :func:`~amprewrite.shapes.flat_inputs`.)
     """
 
     def __init__(self, fn, n: int, out_spec: pytree.TreeSpec):

@@ -44,7 +44,7 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("plots", plots.main, []),
         ("inference", inference.main,
          (["--repeats", "3", "--cases", "llama 1-token b1"] if quick else [])
-         + (["--modes", "eager", "compiled"] if gpu else []) + dev),
+         + (["--modes", "eager", "compiled", "--big"] if gpu else []) + dev),
         ("capture time", capture.main,
          ["--models", "llama", "resnet", "--rounds", "1"] if quick else []),
         ("generation", generate.main,

@@ -9,7 +9,9 @@ KV cache: the decode step's matmul shapes, weight-bound), and one diffusers UNet
 relative L2 error against an fp64 copy of the model, and the resident weight memory of what
 the variant keeps once the caller drops the fp32 model (unique parameter and buffer storages
 the variant's module holds). Within one case all variants are timed round-robin, so only ratios
-from one run are compared. Writes docs/benchmarks/inference_<device>.{json,csv}.
+from one run are compared. ``--big`` (what ``python -m benchmarks gpu`` runs): a 1.1B-parameter
+decoder (TinyLlama's shape), 512-token prompts and a larger UNet at 64 x 64. Writes
+docs/benchmarks/inference_<device>.{json,csv}.
 """
 
 from __future__ import annotations
@@ -24,13 +26,21 @@ import amprewrite
 
 from .common import interleaved, save, table
 
+BIG = False  # --big: GPU sizes (a 1.1B-parameter decoder, a larger UNet, longer prompts)
+
 
 def _llama(batch: int, seq: int, device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408,
-                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
-                      max_position_embeddings=512, use_cache=False)
+    if BIG:  # TinyLlama-1.1B's shape
+        cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                          num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                          max_position_embeddings=2048, use_cache=False)
+        seq = seq * 8 if seq > 1 else seq
+    else:
+        cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408,
+                          num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                          max_position_embeddings=512, use_cache=False)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval().to(device)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator()
@@ -42,12 +52,14 @@ def _unet(device: str):
     from diffusers import UNet2DModel
 
     torch.manual_seed(0)
-    model = UNet2DModel(sample_size=32, in_channels=3, out_channels=3, layers_per_block=1,
-                        block_out_channels=(32, 64), norm_num_groups=8,
-                        down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                        up_block_types=("AttnUpBlock2D", "UpBlock2D")).eval().to(device)
+    size, channels = (64, (128, 256, 512)) if BIG else (32, (32, 64))
+    down = ("DownBlock2D",) * (len(channels) - 1) + ("AttnDownBlock2D",)
+    up = ("AttnUpBlock2D",) + ("UpBlock2D",) * (len(channels) - 1)
+    model = UNet2DModel(sample_size=size, in_channels=3, out_channels=3, layers_per_block=1,
+                        block_out_channels=channels, norm_num_groups=8,
+                        down_block_types=down, up_block_types=up).eval().to(device)
     g = torch.Generator().manual_seed(1)
-    return model, (torch.randn(1, 3, 32, 32, generator=g).to(device),
+    return model, (torch.randn(1, 3, size, size, generator=g).to(device),
                    torch.tensor([500]).to(device))
 
 
@@ -139,7 +151,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
+    parser.add_argument("--big", action="store_true",
+                        help="GPU sizes: a 1.1B LLaMA-class decoder, prompts x8, a larger UNet")
     args = parser.parse_args(argv)
+    global BIG
+    BIG = args.big
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rows = []
     for case in args.cases:
@@ -150,7 +166,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     save(f"inference_{args.device}{'_' + args.tag if args.tag else ''}", rows, {
         "command": f"python -m benchmarks.inference --repeats {args.repeats} --modes "
                    f"{' '.join(args.modes)} --device {args.device} --dtype {args.dtype}"
-                   f" --cases {' '.join(repr(c) for c in args.cases)}"})
+                   f" --cases {' '.join(repr(c) for c in args.cases)}"
+                   + (" --big" if args.big else "")})
     return rows
 
 

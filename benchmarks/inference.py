@@ -8,7 +8,7 @@ KV cache: the decode step's matmul shapes, weight-bound), and one diffusers UNet
 (batch 1). For each: median time over interleaved repeats (eval, no_grad), the output's
 relative L2 error against an fp64 copy of the model, and the resident weight memory of what
 the variant keeps once the caller drops the fp32 model (unique parameter and buffer storages
-the variant's module holds). Within one case all variants are timed round-robin, so only ratios
+the variant's module holds). Within one case all variants are timed interleaved, so only ratios
 from one run are compared. ``--big`` (what ``python -m benchmarks gpu`` runs): a 1.1B-parameter
 decoder (TinyLlama's shape), 512-token prompts and a larger UNet at 64 x 64. Writes
 docs/benchmarks/inference_<device>.{json,csv}.

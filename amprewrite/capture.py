@@ -81,7 +81,6 @@ class DynamoGraphModule(fx.GraphModule):
 
     def recompile(self):
         code = super().recompile()
-        self.__dict__.pop("_amp_positional", None)  # see flat_inputs
         self._amp_fast = _FastCall.make(self)
         return code
 

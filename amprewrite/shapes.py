@@ -30,13 +30,9 @@ _TENSOR = object()  # marks a tensor leaf in ``constants``
 
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:
     """The call's inputs flattened in the order of ``gm``'s placeholders."""
-    n = gm.__dict__.get("_amp_positional")
-    if n is None:  # recomputed after each recompile (DynamoGraphModule.recompile clears it)
-        n = gm.__dict__["_amp_positional"] = positional_leaves(
-            gm.graph._codegen.pytree_info.in_spec)
-    if not kwargs and len(args) == n:
+    fast = getattr(gm, "_amp_fast", None)  # set when the graph takes n positional leaves
+    if fast is not None and not kwargs and len(args) == fast.n:
         return list(args)  # the common call: as many plain positional inputs as captured
-    spec = gm.graph._codegen.pytree_info.in_spec
     bound = inspect.signature(gm.forward).bind(*args, **kwargs)
     bound.apply_defaults()
     values = list(bound.arguments.values())

@@ -236,7 +236,7 @@ MODELS = {
     "unet2d_condition": unet2d_condition, "autoencoder_kl": autoencoder_kl, "resnet": resnet,
 }
 # More architectures, outside the conformance matrix (docs/models.md): the capture-time table
-# (python -m benchmarks.capture) and tests/models.
+# (python -m benchmarks.capture) and tests/models/test_real_models.py.
 MORE = {"swin": swin, "efficientnet": efficientnet, "wav2vec2": wav2vec2}
 LIBRARY = {"unet2d": "diffusers", "unet2d_condition": "diffusers", "autoencoder_kl": "diffusers",
            "resnet": "tests (torch.nn)"}

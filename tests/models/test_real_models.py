@@ -65,3 +65,26 @@ def test_nearest_upsample_rewrite_is_exact_on_diffusers(name):
     assert copies and all(n.meta[M.CLASS] == Precision.NEUTRAL for n in copies)
     with torch.no_grad():
         assert torch.equal(first_tensor(always(*inputs)), first_tensor(never(*inputs)))
+
+
+@pytest.mark.parametrize("name", ["swin", "efficientnet", "wav2vec2"])
+def test_more_architectures_transform_within_autocasts_error(name):
+    """Swin (window partition, rolls), EfficientNet (depthwise convs, squeeze-excite,
+    BatchNorm) and Wav2Vec2 (a weight_norm-parametrized grouped Conv1d): the capture-time
+    table's extra models transform, and their error against fp32 is autocast's class."""
+    from amprewrite.numerics import rel_err
+    from amprewrite.testing.zoo import MORE
+
+    model, inputs = MORE[name]()
+    with unchanged(model):
+        gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs)
+    with torch.no_grad():
+        ref = first_tensor(model(*inputs))
+        out = first_tensor(gm(*inputs))
+        with torch.autocast("cpu", torch.bfloat16):
+            auto = first_tensor(model(*inputs)).float()
+    assert out.dtype == torch.float32
+    # Within 2x autocast's error plus one bf16 unit roundoff (2^-8).
+    assert rel_err(out, ref) <= 2 * rel_err(auto, ref) + 2.0**-8
+    classes = {n.meta.get(M.CLASS) for n in gm.graph.nodes}
+    assert {Precision.LOW, Precision.FP32} <= classes

@@ -9,7 +9,8 @@ processors and its cache work as usual while every forward runs in the rewritten
 It also sets the copy's default cache to a static one (``cache_implementation="static"``): the
 cache tensors then have a fixed size, so dynamo captures two graphs in all (the prompt, and one
 token) instead of a new graph when the cache first grows and another with symbolic lengths.
-(autocast cannot use that cache: its low-precision keys do not fit the fp32 cache.)
+(With transformers 5.23, autocast with that cache failed when tried: its low-precision keys do
+not fit the fp32 cache.)
 
 >>> import torch, amprewrite
 >>> from transformers import LlamaConfig, LlamaForCausalLM

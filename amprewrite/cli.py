@@ -2,8 +2,11 @@
 
 - ``amprewrite demo [--dtype bf16|fp16] [--out DIR]``: transform the built-in demo model, print
   the report and the error against fp32 next to torch.autocast's.
-- ``amprewrite dump TARGET [--inputs SPEC ...] [--out DIR] [--format text,dot,svg,html]
-  [--per-pass]``: write the graph before and after, a diff, the report and rendered graphs.
+- ``amprewrite dump TARGET [--inputs SPEC ...] [--out DIR]
+  [--format text,dot,svg,html,model-explorer] [--check] [--per-pass]``: write the graph before
+  and after, a diff, the report, the HTML report and Model Explorer graphs.
+- ``amprewrite explore TARGET [--inputs SPEC ...] [--port P]``: start Model Explorer on localhost
+  with both graphs and the overlays (``pip install 'amprewrite[explorer]'``).
 - ``amprewrite check TARGET [--inputs SPEC ...] [--rtol R] [--fix]``: fp32 vs transformed
   error, per-node errors, the first non-finite node; exit status 1 when it fails, 2 on bad usage.
 - ``amprewrite families``: the op-family table.
@@ -29,13 +32,14 @@ from .numerics import check_numerics, find_fp32_nodes, rel_err
 from .ops import families_markdown
 from .passes import rewrite_passes
 from .policy import Policy, parse_dtype
-from .render import graph_html, node_table, to_dot, to_svg
+from .render import node_table, to_dot, to_svg
 from .report import report
+from .report_html import report_page
 from .target import UsageError, load_target, parse_input
 
 __all__ = ["main"]
 
-FORMATS = ("text", "dot", "svg", "html")
+FORMATS = ("text", "dot", "svg", "html", "model-explorer")
 
 
 class _Progress:
@@ -81,8 +85,9 @@ def _run_model(what: str, fn):
 
 
 def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
-                    per_pass: bool, progress: _Progress) -> dict[str, Path]:
-    """Before/after code and tables, diff, report, dot/svg, HTML; returns the files written."""
+                    per_pass: bool, progress: _Progress, check: bool = False) -> dict[str, Path]:
+    """Before/after code and tables, diff, report, dot/svg, HTML, Model Explorer JSON; with
+    ``check`` also the per-node error against fp32. Returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
 
@@ -99,6 +104,11 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         else None))
     rep = report(after)
     rewritten = {r.node for r in rep.rewrites if r.pass_name in rewrite_passes()}
+    result = None
+    if check:
+        progress("running fp32 and transformed for the per-node error")
+        result = _run_model("being checked", lambda: check_numerics(
+            model, inputs, policy.dtype, gm=after))
     progress("writing files")
     if "text" in formats:
         write("before.py", before.code)
@@ -108,20 +118,24 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         write("diff.patch", "".join(difflib.unified_diff(
             before.code.splitlines(True), after.code.splitlines(True), "before.py", "after.py")))
         write("report.txt", str(rep))
-    dots = (to_dot(before, "before"), to_dot(after, "after", rewritten))
-    if "dot" in formats or "svg" in formats or "html" in formats:
+    if formats & {"dot", "svg"}:
+        dots = (to_dot(before, "before"), to_dot(after, "after", rewritten))
         write("before.dot", dots[0])
         write("after.dot", dots[1])
-    svgs: tuple[str | None, str | None] = (None, None)
-    if "svg" in formats or "html" in formats:
-        svgs = (to_svg(dots[0]), to_svg(dots[1]))
         if "svg" in formats:
-            for name, svg in zip(("before.svg", "after.svg"), svgs):
+            for name, dot in zip(("before.svg", "after.svg"), dots):
+                svg = to_svg(dot)
                 if svg is not None:
                     write(name, svg)
     if "html" in formats:
-        write("index.html", graph_html(before, after, str(rep), svgs, rewritten,
-                                       title=f"amprewrite: {type(model).__name__}"))
+        write("index.html", report_page(before, after, rewritten, result, report_text=str(rep),
+                                        title=f"amprewrite: {type(model).__name__}"))
+    if "model-explorer" in formats:
+        from .explorer import write_model_explorer
+
+        for name, path in write_model_explorer(out / "model-explorer", before, after, rewritten,
+                                               result, label=type(model).__name__).items():
+            files[f"model-explorer/{name}"] = path
     for k, (name, code) in enumerate(steps):
         path = out / "passes" / f"{k:02d}_{name}.py"
         path.parent.mkdir(exist_ok=True)
@@ -140,15 +154,41 @@ def _formats(text: str) -> set[str]:
 
 def _dump(args: argparse.Namespace) -> int:
     formats = _formats(args.format)
-    progress = _Progress(4)
+    progress = _Progress(5 if args.check else 4)
     progress(f"loading {args.target}")
-    model, inputs = _model_and_inputs(args, need_inputs=False)
+    model, inputs = _model_and_inputs(args, need_inputs=args.check)
     files = write_artefacts(model, inputs, _policy(args), Path(args.out), formats,
-                            args.per_pass, progress)
+                            args.per_pass, progress, check=args.check)
     print(f"wrote {len(files)} files to {args.out}: {', '.join(sorted(files))}")
     if "svg" in formats and not any(f.endswith(".svg") for f in files):
         print("note: Graphviz 'dot' is not installed, so no SVG was rendered (the .dot files "
               "are there; install graphviz for SVG)")
+    if "html" in formats:
+        print(f"open {Path(args.out) / 'index.html'} in a browser for the report")
+    if "model-explorer" in formats:
+        me = Path(args.out) / "model-explorer"
+        graphs = me / "amprewrite_graphs.json"
+        overlays = ",".join(str(p) for p in sorted(me.glob("*.json")) if p != graphs)
+        print(f"Model Explorer: `amprewrite explore {args.target}` shows these graphs; or run "
+              f"`model-explorer {graphs} --node_data_paths={overlays}`")
+    return 0
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from .explorer import _port_free, _require, prepare, serve
+
+    _require()  # the install hint and a busy port before any capture work
+    _port_free(args.host, args.port)
+    progress = _Progress(3)
+    progress(f"loading {args.target}")
+    model, inputs = _model_and_inputs(args, need_inputs=False)
+    progress("capturing, transforming" + ("" if args.no_check or inputs is None
+                                          else " and measuring the per-node error"))
+    files = _run_model("being transformed", lambda: prepare(
+        model, inputs, parse_dtype(args.dtype), check=not args.no_check, out=args.out,
+        upsample=args.upsample))
+    progress("starting Model Explorer")
+    serve(files, args.host, args.port, open_browser=not args.no_browser)
     return 0
 
 
@@ -221,7 +261,7 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"  {name:<10}{rel_err(o, r):>14.3e}{rel_err(a, r):>14.3e}")
     if args.out:
         files = write_artefacts(model, inputs, policy, Path(args.out), set(FORMATS), False,
-                                _Progress(3))
+                                _Progress(4), check=True)
         print(f"\nwrote {len(files)} files to {args.out}: {', '.join(sorted(files))}")
     return 0
 
@@ -248,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     _common(dump)
     dump.add_argument("--out", default="amprewrite-out")
     dump.add_argument("--format", default=",".join(FORMATS),
-                      help="comma list of text,dot,svg,html (default: all)")
+                      help="comma list of text,dot,svg,html,model-explorer (default: all)")
+    dump.add_argument("--check", action="store_true",
+                      help="also run fp32 and transformed: per-node error in the HTML report and "
+                           "a Model Explorer overlay (needs example inputs)")
     dump.add_argument("--per-pass", action="store_true", help="also the graph after each pass")
     dump.set_defaults(run=_dump)
     check = sub.add_parser("check", help="compare with fp32; find the first non-finite node")
@@ -258,6 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--fix", action="store_true",
                        help="search for nodes to keep in fp32 so the check passes")
     check.set_defaults(run=_check)
+    explore = sub.add_parser("explore", help="open both graphs in Model Explorer (localhost)")
+    _common(explore)
+    explore.add_argument("--host", default="localhost")
+    explore.add_argument("--port", type=int, default=8080)
+    explore.add_argument("--no-browser", action="store_true",
+                         help="print the address instead of opening a browser")
+    explore.add_argument("--no-check", action="store_true",
+                         help="skip the per-node error overlay (saves two model runs)")
+    explore.add_argument("--out", help="keep the JSON files here (default: a temporary folder)")
+    explore.set_defaults(run=_explore)
     fams = sub.add_parser("families", help="print the op-family table (Markdown)")
     fams.set_defaults(run=lambda args: print(families_markdown()) or 0)
     args = parser.parse_args(argv)

@@ -30,12 +30,12 @@ from .capture import capture
 from .errors import AmpRewriteError
 from .numerics import check_numerics, find_fp32_nodes, rel_err
 from .ops import families_markdown
-from .passes import rewrite_passes
 from .policy import Policy, parse_dtype
 from .render import node_table, to_dot, to_svg
 from .report import report
 from .report_html import report_page
 from .target import UsageError, load_target, parse_input
+from .views import rewritten_nodes
 
 __all__ = ["main"]
 
@@ -103,7 +103,7 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         model, policy, inputs, on_pass=(lambda n, g: steps.append((n, g.code))) if per_pass
         else None))
     rep = report(after)
-    rewritten = {r.node for r in rep.rewrites if r.pass_name in rewrite_passes()}
+    rewritten = rewritten_nodes(before, after)
     result = None
     if check:
         progress("running fp32 and transformed for the per-node error")

@@ -12,7 +12,8 @@ The JSON is Model Explorer's custom-graph format (``model_explorer.graph_builder
 >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
 >>> x = (torch.randn(2, 8),)
 >>> gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=x)
->>> coll = graph_collection(amprewrite.capture(model, x).gm, gm, label="mlp")
+>>> from amprewrite.capture import capture
+>>> coll = graph_collection(capture(model, x).gm, gm, label="mlp")
 >>> [g["id"] for g in coll["graphs"]]
 ['before', 'after']
 >>> [n["namespace"] for n in coll["graphs"][1]["nodes"] if n["label"] == "linear"]
@@ -33,7 +34,7 @@ from torch import fx
 from .errors import AmpRewriteError
 from .render import COLORS, color
 from .target import UsageError
-from .views import GraphView, graph_view, namespace
+from .views import GraphView, graph_view, namespace, rewritten_nodes
 
 __all__ = ["ExplorerMissingError", "explore", "graph_collection", "node_data", "prepare", "serve",
            "write_model_explorer"]
@@ -73,15 +74,17 @@ def _node(v, classes: dict[str, str]) -> dict:
     return node
 
 
-def _views(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str],
+def _views(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | None,
            check: object | None) -> tuple[GraphView, GraphView]:
     errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
               if check is not None else None)
+    if rewritten is None:
+        rewritten = rewritten_nodes(before, after)
     return graph_view(before, errors=errors), graph_view(after, rewritten, errors)
 
 
 def graph_collection(before: fx.GraphModule, after: fx.GraphModule,
-                     rewritten: set[str] = frozenset(), check: object | None = None,
+                     rewritten: set[str] | None = None, check: object | None = None,
                      label: str = "amprewrite") -> dict:
     """A Model Explorer ``GraphCollection`` (as JSON data) with graphs ``before`` and ``after``.
 
@@ -99,7 +102,7 @@ def _error_value(e: float) -> float:
     return e if math.isfinite(e) else 1e30  # node data values are numbers; non-finite is red
 
 
-def node_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] = frozenset(),
+def node_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | None = None,
               check: object | None = None) -> dict[str, dict]:
     """Model Explorer node data (``ModelNodeData`` as JSON data, keyed by graph id) per overlay:
     ``precision`` (the class as a coloured label), ``casts`` (bytes each inserted cast writes)
@@ -130,7 +133,7 @@ def node_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str]
 
 
 def write_model_explorer(out: Path, before: fx.GraphModule, after: fx.GraphModule,
-                         rewritten: set[str] = frozenset(), check: object | None = None,
+                         rewritten: set[str] | None = None, check: object | None = None,
                          label: str = "amprewrite") -> dict[str, Path]:
     """Write the graph collection and one node-data file per overlay into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -162,17 +165,13 @@ def prepare(model: torch.nn.Module, example_inputs: object = None, dtype=torch.b
     from .api import transform
     from .capture import capture
     from .numerics import check_numerics
-    from .passes import rewrite_passes
-    from .report import report
-
     options.setdefault("verify", False)
     before = capture(model, example_inputs).gm
     after = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
-    rewritten = {r.node for r in report(after).rewrites if r.pass_name in rewrite_passes()}
     result = (check_numerics(model, example_inputs, dtype, gm=after)
               if check and example_inputs is not None else None)
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="amprewrite-me-"))
-    return write_model_explorer(folder, before, after, rewritten, result,
+    return write_model_explorer(folder, before, after, None, result,
                                 label=type(model).__name__)
 
 

@@ -11,7 +11,8 @@ draws it, so a 5,000-node graph opens with only its top-level modules laid out.
 >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1))
 >>> x = (torch.randn(2, 8),)
 >>> gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=x)
->>> page = report_page(amprewrite.capture(model, x).gm, gm, title="mlp")
+>>> from amprewrite.capture import capture
+>>> page = report_page(capture(model, x).gm, gm, title="mlp")
 >>> page.startswith("<!DOCTYPE html>") and 'id="amp-data"' in page
 True
 """
@@ -26,7 +27,7 @@ from importlib import resources
 from torch import fx
 
 from .render import COLORS
-from .views import GraphView, graph_view, module_rows, summary
+from .views import GraphView, graph_view, module_rows, rewritten_nodes, summary
 
 __all__ = ["page_data", "report_page"]
 
@@ -51,12 +52,14 @@ def _graph_data(view: GraphView) -> dict:
                    **({"e": v.error} if v.error is not None else {})} for v in view.nodes]}
 
 
-def page_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] = frozenset(),
+def page_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | None = None,
               check: object | None = None, title: str = "amprewrite",
               report_text: str = "") -> dict:
     """Everything the page shows, as JSON-ready data (non-finite floats as strings)."""
     errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
               if check is not None else None)
+    if rewritten is None:
+        rewritten = rewritten_nodes(before, after)
     after_view = graph_view(after, rewritten, errors)
     before_view = graph_view(before, errors=errors)
     # The captured graph shows the class its node got in the transformed graph (same names).
@@ -71,7 +74,7 @@ def page_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str]
         "colors": COLORS, "report": report_text})
 
 
-def report_page(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] = frozenset(),
+def report_page(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | None = None,
                 check: object | None = None, title: str = "amprewrite",
                 report_text: str = "") -> str:
     """The self-contained HTML page for ``before`` (captured) and ``after`` (transformed)."""

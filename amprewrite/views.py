@@ -26,7 +26,7 @@ from . import meta as M
 from .report import REPORT_KEY, Report
 
 __all__ = ["GraphView", "ModuleRow", "NodeView", "graph_view", "module_rows", "namespace",
-           "summary"]
+           "rewritten_nodes", "summary"]
 
 OP_NODES = ("call_function", "call_method", "call_module")
 
@@ -105,6 +105,18 @@ def _nbytes(info: M.ValueInfo, dtype: str) -> int | None:
 def _target(n: fx.Node) -> str:
     t = n.target
     return t if isinstance(t, str) else getattr(t, "__name__", str(t))
+
+
+def rewritten_nodes(before: fx.GraphModule, after: fx.GraphModule) -> set[str]:
+    """Nodes of ``after`` that a pass made: named in a rewrite pass's report entry, or absent
+    from the captured graph ``before`` and not a cast (the passes keep captured names)."""
+    from .passes import rewrite_passes
+
+    captured = {n.name for n in before.graph.nodes}
+    rep: Report | None = getattr(after, "meta", {}).get(REPORT_KEY)
+    named = {r.node for r in rep.rewrites if r.pass_name in rewrite_passes()} if rep else set()
+    return named | {n.name for n in after.graph.nodes
+                    if n.name not in captured and M.CAST not in n.meta}
 
 
 def graph_view(gm: fx.GraphModule, rewritten: set[str] = frozenset(),

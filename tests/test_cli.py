@@ -1,5 +1,7 @@
 """The command line, run as a user runs it: in a subprocess, against examples/cli_models.py."""
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +29,16 @@ def test_dump_writes_every_artefact(tmp_path):
     for name in ("before.py", "after.py", "before.txt", "after.txt", "diff.patch", "report.txt",
                  "before.dot", "after.dot", "index.html"):
         assert (out / name).stat().st_size > 0, name
+    # The page's data: both graphs, the batch_norm kept in fp32, the expand from the rewrite.
     page = (out / "index.html").read_text()
-    assert "<h2>before</h2>" in page and "<h2>after</h2>" in page
-    assert "batch_norm" in page and "expand" in page
+    data = json.loads(re.search(r'<script type="application/json" id="amp-data">(.*?)</script>',
+                                page, re.S).group(1).replace("<\\/", "</"))
+    after = {n["n"]: n for n in data["graphs"]["after"]["nodes"]}
+    assert set(data["graphs"]) == {"before", "after"}
+    assert after["batch_norm"]["p"] == "fp32"
+    assert any(n["t"] == "expand" and n.get("w") for n in after.values())
+    me = json.loads((out / "model-explorer" / "amprewrite_graphs.json").read_text())
+    assert [g["id"] for g in me["graphs"]] == ["before", "after"]
     report = (out / "report.txt").read_text()
     assert "re-rolled 2 iterations" in report and "expand/reshape subgraph" in report
     # The upsample is inlined as plain ops: dump shows the expand/flatten nodes themselves.
@@ -42,6 +51,22 @@ def test_dump_writes_every_artefact(tmp_path):
     assert passes[0] == "00_capture.py" and passes[-1].endswith("store_params.py")
     # Progress goes to stderr as plain lines when not on a terminal.
     assert "amprewrite: [1/4] loading" in done.stderr
+
+
+def test_dump_check_puts_the_per_node_error_in_the_page_and_an_overlay(tmp_path):
+    done = run("dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out", str(tmp_path), "--check",
+               "--format", "html,model-explorer")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "after.py").exists()
+    page = (tmp_path / "index.html").read_text()
+    assert '"check":{"output_error":' in page
+    errors = json.loads((tmp_path / "model-explorer" / "error_vs_fp32.json").read_text())
+    assert errors["after"]["results"] and "model-explorer --node_data_paths" not in done.stdout
+
+
+def test_dump_check_needs_inputs(tmp_path):
+    done = run("dump", f"{MODELS}:mlp", "--out", str(tmp_path), "--check")
+    assert done.returncode == 2 and "--inputs" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_dump_with_input_specs_and_formats(tmp_path):

@@ -178,7 +178,7 @@
     return v.t.length > 28 ? v.t.slice(0, 27) + "…" : v.t;
   }
 
-  autoOpen(graphs.after, 60); autoOpen(graphs.before, 60);
+  autoOpen(graphs.after, 120); autoOpen(graphs.before, 120);
 
   // Parameters and integer/bool arithmetic (shapes, masks, positions) are hidden unless asked for.
   function hidden(st, v) {

@@ -27,6 +27,7 @@ import math
 import socket
 import tempfile
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import torch
 from torch import fx
@@ -184,6 +185,22 @@ def _port_free(host: str, port: int) -> None:
                              f"--port {port + 1}.") from None
 
 
+def _open_side_by_side(config, label: str) -> None:
+    """Make the address Model Explorer prints open two panes: before on the left, after on the
+    right (its own ``uiState`` URL field, as its "share" links carry it)."""
+    plain = config.to_url_param_value
+
+    def with_panes() -> str:
+        data = json.loads(unquote(plain()))
+        data["uiState"] = {"paneStates": [
+            {"deepestExpandedGroupNodeIds": [], "selectedNodeId": "", "selectedGraphId": gid,
+             "selectedCollectionLabel": label, "widthFraction": 0.5, "selected": gid == "after"}
+            for gid in ("before", "after")]}
+        return quote(json.dumps(data))
+
+    config.to_url_param_value = with_panes
+
+
 def serve(files: dict[str, Path], host: str = "localhost", port: int = 8080,
           open_browser: bool = True) -> None:
     """Start Model Explorer with the files :func:`prepare` wrote; blocks until Ctrl+C."""
@@ -193,6 +210,7 @@ def serve(files: dict[str, Path], host: str = "localhost", port: int = 8080,
     for name in OVERLAYS.values():
         if name in files:
             config.add_node_data_from_path(str(files[name]))  # "" targets every graph
+    _open_side_by_side(config, json.loads(files[GRAPHS_FILE].read_text())["label"])
     print(f"amprewrite: graphs and overlays in {files[GRAPHS_FILE].parent}", flush=True)
     me.visualize_from_config(config, host=host, port=port, no_open_in_browser=not open_browser)
 

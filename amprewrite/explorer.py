@@ -178,6 +178,7 @@ def prepare(model: torch.nn.Module, example_inputs: object = None, dtype=torch.b
 
 def _port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
         try:
             s.bind((host if host != "localhost" else "127.0.0.1", port))
         except OSError:
@@ -186,8 +187,9 @@ def _port_free(host: str, port: int) -> None:
 
 
 def _open_side_by_side(config, label: str) -> None:
-    """Make the address Model Explorer prints open two panes: before on the left, after on the
-    right (its own ``uiState`` URL field, as its "share" links carry it)."""
+    """Make the address Model Explorer prints open two panes: after on the left, before on the
+    right (its own ``uiState`` URL field, as its "share" links carry it). Node data given at
+    start-up colours only the first pane's graph, so after, where the casts are, goes first."""
     plain = config.to_url_param_value
 
     def with_panes() -> str:
@@ -195,7 +197,7 @@ def _open_side_by_side(config, label: str) -> None:
         data["uiState"] = {"paneStates": [
             {"deepestExpandedGroupNodeIds": [], "selectedNodeId": "", "selectedGraphId": gid,
              "selectedCollectionLabel": label, "widthFraction": 0.5, "selected": gid == "after"}
-            for gid in ("before", "after")]}
+            for gid in ("after", "before")]}
         return quote(json.dumps(data))
 
     config.to_url_param_value = with_panes

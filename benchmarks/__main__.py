@@ -1,19 +1,21 @@
 """One command that measures everything and writes docs/benchmarks/:
 
     python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
-                                        # plots, inference, capture time, generation, real-model
-                                        # conformance matrix (docs/models.md)
+                                        # plots, inference, capture time, generation, report page
+                                        # open time (with Chromium), real-model conformance
+                                        # matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,conformance}
+capture,generate,report_page,conformance}
 --help.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 
@@ -24,6 +26,7 @@ from . import (
     inference,
     loops,
     plots,
+    report_page,
     runtime,
     transform_cost,
     upsample,
@@ -50,6 +53,9 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("generation", generate.main,
          ["--variants", "autocast", "amprewrite-eager", "--tokens", "4"] if quick else []),
     ]
+    if shutil.which("chromium") and not gpu:
+        steps.append(("report page", report_page.main,
+                      ["--layers", "2", "--rounds", "1"] if quick else []))
     if not quick and not gpu:  # the whole matrix or none: docs/models.md lists every model
         steps.append(("conformance", conformance.main, []))
     if gpu:  # CPU-side costs, and CPU-only scripts

@@ -207,13 +207,21 @@ def test_explore_serves_model_explorer_with_both_graphs_and_overlays(tmp_path):
         assert url, "".join(lines)
         n_after = len(json.loads((tmp_path / "amprewrite_graphs.json").read_text())
                       ["graphs"][1]["nodes"])
+        cast_bytes = sum(r["value"] for r in json.loads(
+            (tmp_path / "casts_bytes.json").read_text())["after"]["results"].values())
         with browser.page(1500, 950) as pg:
             pg.goto(url)
             pg.wait_for_function(
                 "() => document.body.innerText.includes('relative error vs fp32')", timeout=90000)
             text = pg.inner_text("body")
             assert "LlamaForCausalLM" in text and f"{n_after} nodes" in text
+            # Two panes, after on the left and before on the right, and the after pane's
+            # aggregated stats sum the cast overlay to the bytes the report page shows.
+            assert "LlamaForCausalLM | after" in text and "LlamaForCausalLM | before" in text
+            assert text.index("| after") < text.index("| before")
             assert "precision" in text and "bytes cast" in text
+            pg.wait_for_function(f"() => document.body.innerText.includes('{cast_bytes}')",
+                                 timeout=30000)
             # The graph is drawn: the WebGL canvas is there and not blank.
             shot = pg.locator("canvas").first.screenshot()
             assert len(shot) > 5000

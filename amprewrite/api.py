@@ -16,6 +16,7 @@ from .capture import DynamoGraphModule, capture
 from .errors import ModelError, PolicyError
 from .ops import FAMILIES, Precision
 from .passes import pipeline, run_pipeline
+from .passes.paint_precision import matches
 from .policy import Policy, Selector
 from .report import POLICY_KEY, REPORT_KEY, Decision, Report
 
@@ -113,7 +114,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
     rep.decisions = _decisions(gm, policy)
-    rep.notes += _notes(gm, captured.method)
+    rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         # To transform again for inputs of other shapes. With params="low" only weakly: the
         # point of low weights is that dropping the fp32 model frees its weights.
@@ -296,8 +297,17 @@ def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:
     return out
 
 
-def _notes(gm: fx.GraphModule, method: str) -> list[str]:
+def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:
     notes = []
+    for option, selectors in (("keep_fp32", policy.keep_fp32 if policy else ()),
+                              ("allow_low", policy.allow_low if policy else ())):
+        for sel in selectors:
+            if isinstance(sel, str) and (sel in FAMILIES or sel.startswith("node:")):
+                continue  # families may simply be absent; node names are checked at capture
+            if not any(matches(n, sel) for n in gm.graph.nodes):
+                shown = sel.__name__ if isinstance(sel, type) else repr(sel)
+                notes.append(f"{option}={shown} selects no node of this graph: the module runs "
+                             "no op in this forward, so the option changes nothing")
     if method == "symbolic_trace":
         for node in gm.graph.nodes:
             if node.meta.get(M.FAMILY) == "dropout" and node.op == "call_function":

@@ -193,6 +193,8 @@ def info(node: object) -> ValueInfo:
 
 
 _DROP_ROOT = re.compile(r"^L\['[^']*'\]")
+# A module reached through its instance dict: .__dict__['_modules'] (or its params/buffers).
+_INSTANCE_DICT = re.compile(r"\.__dict__\['_(?:modules|parameters|buffers)'\]")
 _GETATTR = re.compile(r"getattr\(([^,()]+),\s*'([^']*)'\)")
 
 
@@ -201,11 +203,14 @@ def clean_module_path(path: str) -> str:
 
     >>> clean_module_path("L['self'].model.layers[0].self_attn")
     'model.layers.0.self_attn'
+    >>> clean_module_path("L['self'].__dict__['_modules']['down_blocks'][0]")  # diffusers
+    'down_blocks.0'
     """
     s = path
     while _GETATTR.search(s):
         s = _GETATTR.sub(r"\1.\2", s)
     s = _DROP_ROOT.sub("", s)
+    s = _INSTANCE_DICT.sub("", s)
     s = re.sub(r"_modules\['([^']*)'\]", r"\1", s)
     s = re.sub(r"\[(\d+)\]", r".\1", s)
     s = re.sub(r"\['([^']*)'\]", r".\1", s)

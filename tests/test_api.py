@@ -336,3 +336,21 @@ def test_params_low_stores_only_weights_low_ops_read_and_frees_the_fp32_model():
     assert torch.equal(gm(*inputs).logits, out)
     with pytest.raises(amprewrite.ShapeError, match=r"fp32 model .* has been freed"):
         gm(inputs[0][:, :7])  # a new shape cannot be transformed from a freed model
+
+
+def test_a_selector_that_selects_no_node_is_reported():
+    class WithUnused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.used(x)
+
+    gm = amprewrite.transform(WithUnused(), dtype=torch.bfloat16, example_inputs=(
+        torch.randn(2, 4),), keep_fp32=["unused", "used"])
+    notes = amprewrite.report(gm).notes
+    assert any(n.startswith("keep_fp32='unused' selects no node") for n in notes)
+    assert not any("keep_fp32='used'" in n for n in notes)
+    linear = [d for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    assert [d.precision for d in linear] == ["fp32"]

@@ -241,3 +241,17 @@ def test_explore_without_the_extra_says_how_to_install(tmp_path):
     assert done.returncode == 2
     assert "pip install 'amprewrite[explorer]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name", ["unet2d_condition", "gpt2"])
+def test_module_paths_are_the_models_own_module_names(name):
+    # Dynamo names diffusers' submodules through the instance dict
+    # (L['self'].__dict__['_modules']['time_proj']); the views, the report and keep_fp32
+    # selectors need the plain path, "time_proj".
+    model, inputs = getattr(zoo, name)()
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs, verify=False)
+    names = dict(model.named_modules())
+    paths = {n.meta.get(amprewrite.meta.MODULE_PATH, "") for n in gm.graph.nodes} - {""}
+    assert len(paths) > 20 and paths <= set(names), sorted(paths - set(names))[:5]
+    top = {r.path for r in module_rows(graph_view(gm)) if r.depth == 1}
+    assert top <= set(names) and "__dict__" not in "".join(top)

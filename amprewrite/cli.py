@@ -103,7 +103,7 @@ def write_artefacts(model, inputs, policy: Policy, out: Path, formats: set[str],
         model, policy, inputs, on_pass=(lambda n, g: steps.append((n, g.code))) if per_pass
         else None))
     rep = report(after)
-    rewritten = rewritten_nodes(before, after)
+    rewritten = rewritten_nodes(after)
     result = None
     if check:
         progress("running fp32 and transformed for the per-node error")

@@ -80,7 +80,7 @@ def _views(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | 
     errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
               if check is not None else None)
     if rewritten is None:
-        rewritten = rewritten_nodes(before, after)
+        rewritten = rewritten_nodes(after)
     return graph_view(before, errors=errors), graph_view(after, rewritten, errors)
 
 

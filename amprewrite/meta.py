@@ -25,6 +25,7 @@ TIED            paint_precision                        plan (never cast the tied
 NATURAL         paint_precision, insert_casts          plan
 LABEL           insert_casts (the plan), store_params  insert_casts, reports
 CAST            insert_casts                           store_params, reports, re-transforms
+MADE_BY         copy_provenance (the running pass)     reports (nodes a rewrite pass made)
 ==============  =====================================  ==========================================
 
 ``PASS_WRITTEN`` lists the keys a pass decides; a re-transform drops them (:func:`reset`) and
@@ -59,11 +60,12 @@ NATURAL = "amp_natural"  # Label or None: the precision the value is computed in
 LABEL = "amp_label"  # Label or None: the dtype the value physically has after casts
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
+MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
 
 # Where a node came from: what every node a pass makes inherits from the node it replaces.
 PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
 # What passes decide: dropped when a transformed graph is transformed again.
-PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST)
+PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY)
 
 
 class Label(str, enum.Enum):
@@ -83,6 +85,9 @@ def copy_provenance(src: fx.Node, dst: fx.Node, value: bool = False) -> fx.Node:
     for key in keys:
         if key in src.meta:
             dst.meta[key] = src.meta[key]
+    made_by = _PASS.get()
+    if made_by is not None and dst is not src:
+        dst.meta[MADE_BY] = made_by
     return dst
 
 

@@ -59,7 +59,7 @@ def page_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str]
     errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
               if check is not None else None)
     if rewritten is None:
-        rewritten = rewritten_nodes(before, after)
+        rewritten = rewritten_nodes(after)
     after_view = graph_view(after, rewritten, errors)
     before_view = graph_view(before, errors=errors)
     # The captured graph shows the class its node got in the transformed graph (same names).

@@ -107,16 +107,16 @@ def _target(n: fx.Node) -> str:
     return t if isinstance(t, str) else getattr(t, "__name__", str(t))
 
 
-def rewritten_nodes(before: fx.GraphModule, after: fx.GraphModule) -> set[str]:
-    """Nodes of ``after`` that a pass made: named in a rewrite pass's report entry, or absent
-    from the captured graph ``before`` and not a cast (the passes keep captured names)."""
+def rewritten_nodes(gm: fx.GraphModule) -> set[str]:
+    """Nodes of ``gm`` that a rewrite pass made (a re-rolled loop, an upsample subgraph), casts
+    aside: the ones the views draw green."""
     from .passes import rewrite_passes
 
-    captured = {n.name for n in before.graph.nodes}
-    rep: Report | None = getattr(after, "meta", {}).get(REPORT_KEY)
-    named = {r.node for r in rep.rewrites if r.pass_name in rewrite_passes()} if rep else set()
-    return named | {n.name for n in after.graph.nodes
-                    if n.name not in captured and M.CAST not in n.meta}
+    rewrites = rewrite_passes()
+    rep: Report | None = getattr(gm, "meta", {}).get(REPORT_KEY)
+    named = {r.node for r in rep.rewrites if r.pass_name in rewrites} if rep else set()
+    return {n.name for n in gm.graph.nodes if M.CAST not in n.meta and (
+        n.name in named or n.meta.get(M.MADE_BY) in rewrites)}
 
 
 def graph_view(gm: fx.GraphModule, rewritten: set[str] = frozenset(),

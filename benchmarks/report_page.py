@@ -50,8 +50,9 @@ def _llama(layers: int):
     return LlamaForCausalLM(cfg).eval(), (torch.randint(0, 256, (2, 64)),)
 
 
-def _page(model, inputs, title: str, check: bool) -> tuple[str, int]:
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs, verify=False)
+def _page(model, inputs, title: str, check: bool, **options) -> tuple[str, int]:
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs, verify=False,
+                              **options)
     result = amprewrite.check_numerics(model, inputs, torch.bfloat16, gm=gm) if check else None
     page = report_page(capture(model, inputs).gm, gm, check=result, title=title,
                        report_text=str(amprewrite.report(gm)))
@@ -96,7 +97,8 @@ def _screenshots(p) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, inputs = demo_model()
         path = Path(tmp) / "demo.html"
-        path.write_text(_page(model, inputs, "amprewrite: DemoNet", True)[0])
+        # As `amprewrite demo --out` writes it: the exact upsample rewrite shown.
+        path.write_text(_page(model, inputs, "amprewrite: DemoNet", True, upsample="always")[0])
         pg = browser.new_page(viewport={"width": 1400, "height": 1100})
         pg.goto(path.as_uri())
         pg.wait_for_selector("body[data-ready='1']")

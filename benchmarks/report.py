@@ -1,6 +1,7 @@
 """Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
 
-    python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|generate
+    python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|generate|inference|
+                                inference_compiled|report_page
 """
 
 from __future__ import annotations
@@ -64,8 +65,23 @@ def generate() -> str:
     return table(data["rows"], ["variant", "first_s", "second_s", "tokens_equal"])
 
 
+def inference(device: str = "cpu", tag: str = "") -> str:
+    data = json.loads((RESULTS / f"inference_{device}{tag}.json").read_text())
+    rows = [{**r, "median (IQR) ms": f"{r['median_ms']:.1f} ({r['iqr_ms']:.1f})"}
+            for r in data["rows"]]
+    return table(rows, ["case", "variant", "median (IQR) ms", "vs_autocast", "vs_to_dtype",
+                        "rel_err_vs_fp64", "weights_mb", "weights_vs_fp32"])
+
+
+def report_page() -> str:
+    data = json.loads((RESULTS / "report_page.json").read_text())
+    return table(data["rows"], ["model", "nodes", "page_mb", "open_s", "expand_all_s",
+                                "expanded_items", "search_s"])
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
-          "loops": loops, "capture": capture, "generate": generate}
+          "loops": loops, "capture": capture, "generate": generate, "inference": inference,
+          "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

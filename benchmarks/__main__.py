@@ -34,6 +34,10 @@ from . import (
 
 
 def _all(quick: bool, device: str | None, gpu: bool) -> None:
+    try:  # the plots step comes after half an hour of measuring: fail before it, not there
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sys.exit('python -m benchmarks all needs matplotlib: pip install -e ".[bench]"')
     dev = ["--device", device] if device else []
     steps = [
         ("transform cost", transform_cost.main,

@@ -255,3 +255,17 @@ def test_module_paths_are_the_models_own_module_names(name):
     assert len(paths) > 20 and paths <= set(names), sorted(paths - set(names))[:5]
     top = {r.path for r in module_rows(graph_view(gm)) if r.depth == 1}
     assert top <= set(names) and "__dict__" not in "".join(top)
+
+
+def test_explore_on_a_busy_port_says_so_before_any_work():
+    pytest.importorskip("model_explorer")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "amprewrite.cli", "explore",
+                               "amprewrite.testing.zoo:llama", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"port {port} on 127.0.0.1 is in use" in done.stderr and "--port" in done.stderr
+    assert "[2/3]" not in done.stderr  # refused before loading the model

@@ -35,7 +35,7 @@ from torch import fx
 from .errors import AmpRewriteError
 from .render import COLORS, color
 from .target import UsageError
-from .views import GraphView, graph_view, namespace, rewritten_nodes
+from .views import before_after, namespace
 
 __all__ = ["ExplorerMissingError", "explore", "graph_collection", "node_data", "prepare", "serve",
            "write_model_explorer"]
@@ -75,15 +75,6 @@ def _node(v, classes: dict[str, str]) -> dict:
     return node
 
 
-def _views(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str] | None,
-           check: object | None) -> tuple[GraphView, GraphView]:
-    errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
-              if check is not None else None)
-    if rewritten is None:
-        rewritten = rewritten_nodes(after)
-    return graph_view(before, errors=errors), graph_view(after, rewritten, errors)
-
-
 def graph_collection(before: fx.GraphModule, after: fx.GraphModule,
                      rewritten: set[str] | None = None, check: object | None = None,
                      label: str = "amprewrite") -> dict:
@@ -92,7 +83,7 @@ def graph_collection(before: fx.GraphModule, after: fx.GraphModule,
     The captured graph's nodes carry the class their node got in the transformed graph (the
     passes keep captured names), so the same colours mark the same decisions on both sides.
     """
-    vb, va = _views(before, after, rewritten, check)
+    vb, va = before_after(before, after, rewritten, check)
     classes = {v.name: v.precision for v in va.nodes}
     return {"label": label, "graphs": [
         {"id": "before", "nodes": [_node(v, classes) for v in vb.nodes]},
@@ -108,7 +99,7 @@ def node_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str]
     """Model Explorer node data (``ModelNodeData`` as JSON data, keyed by graph id) per overlay:
     ``precision`` (the class as a coloured label), ``casts`` (bytes each inserted cast writes)
     and, with a check result, ``error`` (relative error against the fp32 graph)."""
-    vb, va = _views(before, after, rewritten, check)
+    vb, va = before_after(before, after, rewritten, check)
     classes = {v.name: v.precision for v in va.nodes}
     out: dict[str, dict] = {"precision": {}, "casts": {}}
     if check is not None:

@@ -27,7 +27,7 @@ from importlib import resources
 from torch import fx
 
 from .render import COLORS
-from .views import GraphView, graph_view, module_rows, rewritten_nodes, summary
+from .views import GraphView, before_after, module_rows, summary
 
 __all__ = ["page_data", "report_page"]
 
@@ -56,12 +56,7 @@ def page_data(before: fx.GraphModule, after: fx.GraphModule, rewritten: set[str]
               check: object | None = None, title: str = "amprewrite",
               report_text: str = "") -> dict:
     """Everything the page shows, as JSON-ready data (non-finite floats as strings)."""
-    errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
-              if check is not None else None)
-    if rewritten is None:
-        rewritten = rewritten_nodes(after)
-    after_view = graph_view(after, rewritten, errors)
-    before_view = graph_view(before, errors=errors)
+    before_view, after_view = before_after(before, after, rewritten, check)
     # The captured graph shows the class its node got in the transformed graph (same names).
     classes = {v.name: v.precision for v in after_view.nodes}
     before_nodes = _graph_data(before_view)

@@ -25,8 +25,8 @@ from torch import fx
 from . import meta as M
 from .report import REPORT_KEY, Report
 
-__all__ = ["GraphView", "ModuleRow", "NodeView", "graph_view", "module_rows", "namespace",
-           "rewritten_nodes", "summary"]
+__all__ = ["GraphView", "ModuleRow", "NodeView", "before_after", "graph_view", "module_rows",
+           "namespace", "rewritten_nodes", "summary"]
 
 OP_NODES = ("call_function", "call_method", "call_module")
 
@@ -159,6 +159,19 @@ def graph_view(gm: fx.GraphModule, rewritten: set[str] = frozenset(),
             inputs=tuple(a.name for a in n.all_input_nodes), rewritten=n.name in rewritten,
             error=errors.get(n.name)))
     return GraphView(nodes, groups, parents)
+
+
+def before_after(before: fx.GraphModule, after: fx.GraphModule,
+                 rewritten: set[str] | None = None,
+                 check: object | None = None) -> tuple[GraphView, GraphView]:
+    """The views of the captured and the transformed graph, with the per-node errors of
+    ``check`` (a :class:`~amprewrite.CheckResult`) and, by default, the nodes rewrite passes
+    made marked."""
+    errors = ({r.node: r.rel_err for r in check.nodes if r.rel_err is not None}
+              if check is not None else None)
+    if rewritten is None:
+        rewritten = rewritten_nodes(after)
+    return graph_view(before, errors=errors), graph_view(after, rewritten, errors)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import functools
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from . import meta as M
 from . import runtime
 
 __all__ = [
@@ -117,6 +119,12 @@ class Family:
         default=None, compare=False)
     refine: Callable[[fx.Node], str | None] | None = field(default=None, compare=False)
     why: str = ""  # one line for docs/families.md: why this class
+    # The arguments whose values the op computes with, converted to its result's dtype: ATen
+    # schema names, or positions for Python callables without a schema. None: every tensor
+    # argument except indices, masks, offsets and labels (``INDEX_ARGUMENTS``); a family with
+    # ``numeric=False`` then reads none. Position cones start where an integer tensor is read
+    # as a number (``number_inputs``).
+    values: tuple[str | int, ...] | None = None
     # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
     # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
     op_names: tuple[str, ...] = ()
@@ -216,31 +224,156 @@ def _interpolate(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | Non
     return None
 
 
-_LOW_NAMES = {"bfloat16": torch.bfloat16, "half": torch.float16, "float": torch.float32,
-              "double": torch.float64}
+# Methods that name the dtype they convert to: the one table of them (dtype inference, painting
+# and functionalize read it through ``conversion_target``).
+DTYPE_METHODS: Mapping[str, torch.dtype] = MappingProxyType({
+    "float": torch.float32, "double": torch.float64, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "long": torch.int64, "int": torch.int32, "short": torch.int16,
+    "bool": torch.bool, "byte": torch.uint8, "char": torch.int8, "cfloat": torch.complex64,
+    "cdouble": torch.complex128, "chalf": torch.complex32})
 
 
-def conversion_target(node: fx.Node) -> torch.dtype | None:
-    """The dtype an explicit conversion (``x.float()``, ``x.to(torch.float32)``) names."""
-    if node.op != "call_method":
+def _named_dtype(a: object) -> torch.dtype | None:
+    """``torch.float32``, ``torch.FloatTensor`` or ``"torch.cuda.HalfTensor"`` as a dtype."""
+    if isinstance(a, torch.dtype):
+        return a
+    if isinstance(a, str) and a.startswith("torch."):
+        a = _resolve(a[len("torch."):])
+    dtype = getattr(a, "dtype", None) if isinstance(a, type) else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def conversion_target(node: fx.Node) -> torch.dtype | fx.Node | None:
+    """What an explicit conversion converts to.
+
+    A dtype the call names (``x.float()``, ``x.to(torch.float32)``, ``x.to(device, dtype)``,
+    ``x.type(torch.FloatTensor)``, ``x.type("torch.HalfTensor")``), the node of the tensor whose
+    dtype it takes (``x.type_as(y)``, ``x.to(y)``), or None: not a conversion, or a move
+    (``x.cpu()``, ``x.to("cuda")``) that keeps the dtype.
+
+    >>> import torch
+    >>> gm = torch.fx.symbolic_trace(type("M", (torch.nn.Module,), {
+    ...     "forward": lambda self, x, y: x.to(y) + x.type("torch.HalfTensor")})())
+    >>> [conversion_target(n) for n in gm.graph.nodes if n.op == "call_method"]
+    [y, torch.float16]
+    """
+    fam = family_of(node)
+    if fam is None or fam.out is not Out.CONVERT or node.op not in ("call_method",
+                                                                  "call_function"):
         return None
-    name = str(node.target)
-    if name in _LOW_NAMES:
-        return _LOW_NAMES[name]
-    if name in ("to", "type"):
-        for a in (*node.args[1:], node.kwargs.get("dtype")):
-            if isinstance(a, torch.dtype):
-                return a
+    name = op_name(node)
+    if name in DTYPE_METHODS:
+        return DTYPE_METHODS[name]
+    for a in (*node.args[1:], *node.kwargs.values()):
+        if (dtype := _named_dtype(a)) is not None:
+            return dtype
+    other = [a for a in node.args[1:2] if isinstance(a, fx.Node)]
+    if other and M.info(other[0]).kind == "tensor":
+        return other[0]  # x.type_as(y), x.to(y): y's dtype
     return None
 
 
 def _convert(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
     target = conversion_target(node)
+    if isinstance(target, fx.Node):
+        # x.to(y), x.type_as(y): y's dtype, which the plan decides: the widest of the two.
+        return Precision.PROMOTE, "conversion to another tensor's dtype: runs in the wider"
     if target is None or not target.is_floating_point:
         return Precision.NEUTRAL, "a move or a conversion to the value's own dtype"
     # The model asks for this dtype: LOW when it names the target dtype, else computed high.
     cls = Precision.LOW if target == low else Precision.FP32
     return cls, f"explicit conversion to {target} in the model"
+
+
+def is_conversion(node: fx.Node) -> bool:
+    """Does ``node`` convert or move a tensor (``to``, ``type_as``, ``float``, ``cpu``, ...)?
+
+    Such a node returns its input itself when nothing changes, so it may alias it.
+    """
+    fam = family_of(node)
+    return fam is not None and fam.out is Out.CONVERT
+
+
+# Schema argument names that hold indices, offsets, masks or labels: integers there select,
+# count or compare; they are never numbers an op computes with.
+INDEX_ARGUMENTS = frozenset({
+    "index", "indices", "mask", "condition", "offs", "offsets", "target", "targets", "lengths",
+    "input_lengths", "target_lengths", "batch_sizes", "boundaries", "sorter", "repeats"})
+# Python-level callables without an ATen schema: their parameter names.
+_PY_SIGNATURES = {"tensor": ("data",), "as_tensor": ("data",), "asarray": ("obj",),
+                  "new_tensor": ("self", "data"), "setitem": ("self", "key", "value"),
+                  "__setitem__": ("self", "key", "value"), "write_view": ("self", "value")}
+
+
+@functools.cache
+def _schemas(name: str) -> tuple[tuple[tuple[str, bool, bool], ...], ...]:
+    """(argument name, takes tensors, keyword-only) per overload of ``aten::name``."""
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+    except RuntimeError:
+        return ()
+    return tuple(tuple((a.name, "Tensor" in str(a.type), a.kwarg_only) for a in s.arguments)
+                 for s in schemas)
+
+
+def argument_names(node: fx.Node) -> list[str | int]:
+    """The name of each positional argument of ``node``, read from its op's ATen schema.
+
+    The overload is the first whose arguments take tensors exactly where the node passes
+    tensors; where no schema fits, the names of ``_PY_SIGNATURES`` or the positions.
+
+    >>> import torch
+    >>> g = torch.fx.symbolic_trace(type("M", (torch.nn.Module,), {
+    ...     "forward": lambda self, x, i, v: x.index_put((i,), v)})()).graph
+    >>> argument_names([n for n in g.nodes if n.op == "call_method"][0])
+    ['self', 'indices', 'values']
+    """
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        candidates: tuple = (tuple((a.name, "Tensor" in str(a.type), a.kwarg_only)
+                                   for a in target._schema.arguments),)
+        name = ""
+    else:
+        name = op_name(node)
+        if name.endswith("_") and not name.endswith("__"):
+            name = name[:-1]  # the in-place spelling reads its arguments as the op does
+        candidates = _schemas(name)
+    tensors = [isinstance(a, fx.Node) and M.info(a).kind == "tensor" for a in node.args]
+    for schema in candidates:
+        positional = [s for s in schema if not s[2]]
+        names = {s[0] for s in schema}
+        if len(positional) < len(node.args) or not set(node.kwargs) <= names:
+            continue
+        if all(positional[i][1] or not t for i, t in enumerate(tensors)):
+            return [positional[i][0] for i in range(len(node.args))]
+    py = _PY_SIGNATURES.get(name) or _PY_SIGNATURES.get(getattr(target, "__name__", ""))
+    if py is not None and len(py) >= len(node.args):
+        return list(py[:len(node.args)])
+    first = ["self"] if node.op == "call_method" else []
+    return first + list(range(len(first), len(node.args)))
+
+
+def number_inputs(node: fx.Node) -> list[fx.Node] | None:
+    """The tensor arguments whose values ``node`` computes with, or None for an unknown op.
+
+    ``x.type_as(y)`` reads only ``x``'s values (``y`` gives a dtype), ``t.index_put((i,), v)``
+    only ``v``'s (``i`` holds indices), ``a * b`` both: an integer tensor among them is turned
+    into floats there, which is where a position cone starts.
+    """
+    fam = family_of(node)
+    if fam is None or node.op not in ("call_function", "call_method"):
+        return None
+    if fam.values is None and not fam.numeric:
+        return []
+    names = argument_names(node)
+    read: list[tuple[str | int, object]] = [*zip(names, node.args), *node.kwargs.items()]
+    out: list[fx.Node] = []
+    for name, a in read:
+        wanted = (name in fam.values if fam.values is not None
+                  else name not in INDEX_ARGUMENTS)
+        if wanted:
+            fx.node.map_arg(a, lambda n: out.append(n) or n)
+    return [n for n in out if M.info(n).kind == "tensor"]
 
 
 def _is_tensor_node(a: object) -> bool:
@@ -524,7 +657,9 @@ _TABLE: list[Family] = [
                        "empty_like", "full_like", "new_zeros", "new_ones", "new_empty",
                        "new_full", "new_tensor", "tensor", "as_tensor", "scalar_tensor",
                        "arange", "range", "asarray", "from_numpy"],
-        out=Out.FACTORY, probe=False),
+        # Only data and fill values are numbers the result is made of (zeros_like(ids) reads
+        # no value of ids; torch.tensor(ids, dtype=float) converts them).
+        out=Out.FACTORY, probe=False, values=("data", "obj", "fill_value", "start", "end")),
     _op("random", P, ["rand", "randn", "normal", "rand_like", "randn_like", "bernoulli",
                       "poisson", "binomial", "uniform", "exponential", "cauchy", "log_normal",
                       "geometric", "random", "_standard_gamma", "_sample_dirichlet"],
@@ -553,21 +688,25 @@ _TABLE: list[Family] = [
                      "scatter", "masked_scatter", "put", "select_scatter", "slice_scatter",
                      "diagonal_scatter", "as_strided_scatter", "block_diag", "cartesian_prod",
                      "combinations"],
-        numeric=False, classify=_accumulates),
+        numeric=False, classify=_accumulates,
+        # What is written or read is a number; the index and mask arguments are not.
+        values=("self", "input", "src", "source", "value", "values")),
     _op("getitem", N, [], functions=[operator.getitem], methods=["__getitem__"], numeric=False,
         out=Out.ITEM, probe=False),
     # Writes made explicit by the functionalize pass: copies of values, exact in any dtype.
     Family("setitem", N, (runtime.setitem, operator.setitem), ("__setitem__",), numeric=False,
+           values=("value",),
            probe=False),
-    Family("write_view", N, (runtime.write_view,), numeric=False, probe=False),
+    Family("write_view", N, (runtime.write_view,), numeric=False, probe=False, values=("value",)),
     # What other passes put into graphs (amprewrite/runtime.py): exact copies of values.
-    Family("upsample_nearest", N, (runtime.upsample_nearest,), numeric=False),
     Family("batch_index", N, (runtime.batch_index,), numeric=False),
     Family("batch_gather", N, (runtime.batch_gather,), numeric=False),
     Family("memory_format_of", X, (runtime.memory_format_of,), numeric=False, out=Out.NONTENSOR,
            metadata=True, probe=False),
     # In-place fills and copies (after functionalize: on private clones or graph inputs).
-    _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False),
+    # copy_(src) and fill_(tensor) convert the numbers they write to the written tensor's dtype.
+    _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False,
+        values=("src", "value")),
     # Autograd and storage bookkeeping: the value passes through unchanged.
     _op("autograd", N, ["requires_grad_", "retain_grad", "register_hook",
                         "register_post_accumulate_grad_hook", "backward", "record_stream",
@@ -584,10 +723,10 @@ _TABLE: list[Family] = [
                      "squeeze_copy", "unsqueeze_copy", "view_copy", "permute_copy",
                      "transpose_copy", "expand_copy", "t_copy", "detach_copy", "clone",
                      "to_dense", "coalesce", "pin_memory",
-                     "cpu", "cuda", "align_as", "align_to", "refine_names", "rename",
+                     "align_as", "align_to", "refine_names", "rename",
                      "fft.fftshift", "fft.ifftshift", "alias_copy", "as_strided_copy",
                      "diagonal_copy", "select_copy", "slice_copy", "unfold_copy", "slice_inverse",
-                     "xpu", "ipu", "mtia", "__reversed__", "__deepcopy__"],
+                     "__reversed__", "__deepcopy__"],
         modules=["Flatten", "Unflatten", "PixelShuffle", "PixelUnshuffle", "Identity",
                  "ChannelShuffle", "ZeroPad1d", "ZeroPad2d", "ZeroPad3d", "ConstantPad1d",
                  "ConstantPad2d", "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d",
@@ -607,13 +746,17 @@ _TABLE: list[Family] = [
     _op("sort", N, ["topk", "sort", "kthvalue", "cummax", "cummin", "mode", "aminmax",
                     "unique", "unique_consecutive"], out=Out.PAIR),
     # Conversions: the precision is the dtype the model names.
-    _op("convert", N, ["to", "type", "float", "double", "half", "bfloat16"],
-        classify=_convert, out=Out.CONVERT, probe=False),
+    # Conversions and moves (every op whose ``out`` is CONVERT; ``conversion_target`` reads what
+    # they convert to). Each reads only its first argument's values: an integer tensor
+    # converted to floats starts a position cone, whatever the spelling.
+    _op("convert", N, ["to", "type", "float", "double", "half", "bfloat16", "cpu", "cuda",
+                       "xpu", "ipu", "mtia"],
+        classify=_convert, out=Out.CONVERT, probe=False, values=("self",)),
     _op("convert_nonfloat", X, ["long", "int", "short", "bool", "byte", "char", "cfloat",
                                 "cdouble", "chalf"],
-        out=Out.CONVERT, probe=False),
+        out=Out.CONVERT, probe=False, values=("self",)),
     # x.type_as(y): y's dtype, which the plan decides: the widest of the two, like arithmetic.
-    _op("type_as", P, ["type_as"], out=Out.CONVERT, probe=False),
+    _op("type_as", P, ["type_as"], out=Out.CONVERT, probe=False, values=("self",)),
     # NONFLOAT: results that are not floats; what matters is that casts never change them.
     _op("compare", X, ["eq", "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal",
                        "less_equal", "not_equal", "isnan", "isinf", "isfinite", "isneginf",

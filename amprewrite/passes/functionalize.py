@@ -50,6 +50,7 @@ from torch import fx, nn
 from .. import meta as M
 from ..errors import ModelError
 from ..meta import ValueInfo, info
+from ..ops import is_conversion
 from ..report import record
 from ..runtime import setitem, write_view
 from .base import Kind, Pass
@@ -81,9 +82,7 @@ _VIEWS = {"view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze"
           "tensor_split", "split_with_sizes", "hsplit", "vsplit", "dsplit", "real", "imag",
           "detach", "alias", "view_as_real", "view_as_complex", "T", "mT", "H", "mH", "data",
           "requires_grad_"}
-_MAYBE_VIEWS = {"reshape", "reshape_as", "flatten", "contiguous", "to", "type", "type_as",
-                "float", "double", "half", "bfloat16", "cpu", "cuda"}
-_CONVERSIONS = {"to", "type", "type_as", "float", "double", "half", "bfloat16", "cpu", "cuda"}
+_MAYBE_VIEWS = {"reshape", "reshape_as", "flatten", "contiguous"}
 # Ops returning views of several inputs: aliases amprewrite cannot re-derive.
 _MULTI_VIEWS = {"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"}
 
@@ -231,10 +230,12 @@ def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]
         return (None, True, True) if advanced else (first, True, True)
     if name in _VIEWS:
         return first, True, True
-    if name in _MAYBE_VIEWS:
+    if is_conversion(node):  # returns its input itself when the dtype (and device) stay
         src, dst = info(first).dtype, info(node).dtype
-        if name in _CONVERSIONS and src is not None and dst is not None:
+        if src is not None and dst is not None:
             return (first, True, True) if src == dst else (None, True, True)
+        return first, False, True
+    if name in _MAYBE_VIEWS:
         return first, False, True
     return None, True, True
 
@@ -405,7 +406,7 @@ class _Functionalizer:
         steps = []
         for view in reversed(chain):
             name = _op_name(view)
-            if name in _CONVERSIONS or name == "contiguous":
+            if is_conversion(view) or name == "contiguous":
                 continue  # identities wherever they alias (x.float() of a float x is x)
             if name in ("reshape", "reshape_as"):
                 name = name.replace("reshape", "view")  # fails loudly where it would copy

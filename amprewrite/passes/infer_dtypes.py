@@ -16,17 +16,11 @@ from torch import fx
 
 from .. import meta as M
 from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
-from ..ops import Out, family_of, op_name, reads_values
+from ..ops import Out, conversion_target, family_of, op_name, reads_values
 from .base import Kind, Pass
 
 __all__ = ["InferDtypes", "infer_value"]
 
-_CONVERT = {
-    "float": torch.float32, "double": torch.float64, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "long": torch.int64, "int": torch.int32, "short": torch.int16,
-    "bool": torch.bool, "byte": torch.uint8, "char": torch.int8, "cfloat": torch.complex64,
-    "cdouble": torch.complex128, "chalf": torch.complex32,
-}
 _COMPLEX_OF = {torch.float64: torch.complex128, torch.float16: torch.complex32}
 _REAL_OF = {torch.complex128: torch.float64, torch.complex32: torch.float16}
 
@@ -165,15 +159,11 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
 
 
 def _conversion(node: fx.Node, first: ValueInfo) -> ValueInfo:
-    name = _name(node)
-    if name in _CONVERT and node.op == "call_method":
-        return ValueInfo("tensor", _CONVERT[name])
-    d = _dtype_arg(node)
-    if d is not None:
-        return ValueInfo("tensor", d)
-    other = [info(a) for a in node.args[1:] if isinstance(a, fx.Node)]
-    if other and other[0].kind == "tensor":
-        return ValueInfo("tensor", other[0].dtype)  # x.type_as(y), x.to(y)
+    target = conversion_target(node)  # the registry's one reading of every spelling
+    if isinstance(target, torch.dtype):
+        return ValueInfo("tensor", target)
+    if isinstance(target, fx.Node):
+        return ValueInfo("tensor", info(target).dtype)  # x.type_as(y), x.to(y)
     if any(_reads_dtype(a) for a in (*node.args[1:], *node.kwargs.values())):
         return UNKNOWN_TENSOR  # x.to(y.dtype) with y's dtype unknown: a conversion to it
     return first

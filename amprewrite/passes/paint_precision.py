@@ -26,7 +26,7 @@ from torch import fx
 from .. import meta as M
 from ..kernels import low_kernel_problem
 from ..meta import HIGH, LOW, info
-from ..ops import FAMILIES, Precision, family_of, precision_of, qualified_name
+from ..ops import FAMILIES, Precision, family_of, number_inputs, precision_of, qualified_name
 from ..plan import float_inputs
 from ..policy import Selector
 from ..report import REPORT_KEY
@@ -132,30 +132,39 @@ class PaintPrecision(Pass):
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
             ends = cls == Precision.LOW or (fam is not None and fam.bounded)
             if M.is_inplace(node):
-                continue  # runs in the dtype of the tensor it writes, whatever its class
-            node.meta[M.CLASS] = Precision.FP32
-            node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
-            node.meta.pop(M.TIED, None)
-            if ends:
-                continue
+                # It runs in the dtype of the tensor it writes (t.copy_(ids) on a private
+                # clone): that tensor joins the cone, and what reads the write is in it too.
+                written = node.args[0] if node.args else None
+                if node is seed and isinstance(written, fx.Node):
+                    _paint_cone(written, seed)
+            else:
+                _paint_cone(node, seed)
+                if ends:
+                    continue
             for user in node.users:
                 if user.op != "output" and user.meta.get(M.CLASS) not in (None, Precision.NONFLOAT):
                     stack.append((user, seed))
 
     @staticmethod
     def _is_seed(node: fx.Node) -> bool:
+        """Does ``node`` turn integer values into floats (a position cone's start)?
+
+        The registry says which arguments an op reads as numbers (``ops.number_inputs``):
+        ``ids.type_as(f)``, ``ids.to(f)``, ``t.copy_(ids)``, ``t[:] = ids``, ``ids * f`` and
+        ``f.new_tensor(ids)`` all read ``ids`` as numbers; ``embedding(ids, w)`` and
+        ``grouped_mm(x, w, offs=ids)`` read it as indices.
+        """
         if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT):
             return False
         if node.target in _ARANGE:
             return True  # arange(..., dtype=float): integer values born as floats
-        fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-        if fam is not None and not fam.numeric:
-            return False  # an embedding reads its integer input as indices, not as numbers
+        numbers = number_inputs(node)
+        if numbers is not None:
+            return any(info(a).is_int for a in numbers)
         args: list[fx.Node] = []
         fx.node.map_arg((node.args, node.kwargs), lambda n: args.append(n) or n)
-        # Floats born from integers only (x.float(), ids * 0.5, int / int). An op that also
-        # reads float tensors uses its integer inputs as indices, offsets or masks (an MoE's
-        # grouped matmul with expert offsets), not as the numbers it computes with.
+        # An op the registry does not know: floats born from integers only (an unknown op
+        # that also reads float tensors may use its integers as indices or offsets).
         return any(info(a).is_int for a in args) and not any(info(a).is_float for a in args)
 
     def _override(self, node: fx.Node) -> None:
@@ -228,6 +237,14 @@ class PaintPrecision(Pass):
         if not inputs:
             return HIGH  # a factory such as torch.ones(...): fp32 like the model
         return HIGH if HIGH in inputs or None in inputs else LOW
+
+
+def _paint_cone(node: fx.Node, seed: fx.Node) -> None:
+    if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT) or M.is_inplace(node):
+        return
+    node.meta[M.CLASS] = Precision.FP32
+    node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
+    node.meta.pop(M.TIED, None)
 
 
 def _note(gm: fx.GraphModule, text: str) -> None:

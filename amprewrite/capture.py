@@ -318,6 +318,12 @@ class _Tracer(fx.Tracer):
             return False
         return super().is_leaf_module(m, module_qualified_name)
 
+    def create_arg(self, a: object) -> object:
+        if isinstance(a, type) and isinstance(getattr(a, "dtype", None), torch.dtype):
+            # x.type(torch.FloatTensor): fx cannot record the class; Tensor.type takes its name.
+            return f"{a.__module__}.{a.__name__}"
+        return super().create_arg(a)
+
 
 def _symbolic(model: nn.Module) -> fx.GraphModule:
     tracer = _Tracer()

@@ -112,6 +112,8 @@ class Family:
     random: bool = False
     # Reads only a tensor's metadata (sizes, device), never its values: no cast feeds it.
     metadata: bool = False
+    # Makes a grid of positions (arange, linspace): a position cone starts at every node.
+    positions: bool = False
     # Whether the kernel probe runs for this family's nodes in low precision.
     probe: bool = True
     lower: Mapping[type, Lowering] = field(default_factory=dict, compare=False)
@@ -651,12 +653,15 @@ _TABLE: list[Family] = [
         lower={nn.Upsample: _upsample, nn.UpsamplingNearest2d: _upsample,
                nn.UpsamplingBilinear2d: _upsample}),
     # Factories: no float input; the value is made as the model makes it (fp32 by default).
-    _op("factory", P, ["zeros", "ones", "empty", "full", "eye", "linspace", "logspace",
+    # Grids: positions born as numbers (bf16 keeps 769 distinct values of 0..4095).
+    _op("grid", P, ["arange", "range", "linspace", "logspace"], out=Out.FACTORY, probe=False,
+        positions=True, values=("start", "end")),
+    _op("factory", P, ["zeros", "ones", "empty", "full", "eye",
                        "empty_strided", "hann_window", "hamming_window", "blackman_window",
                        "bartlett_window", "kaiser_window", "zeros_like", "ones_like",
                        "empty_like", "full_like", "new_zeros", "new_ones", "new_empty",
                        "new_full", "new_tensor", "tensor", "as_tensor", "scalar_tensor",
-                       "arange", "range", "asarray", "from_numpy"],
+                       "asarray", "from_numpy"],
         # Only data and fill values are numbers the result is made of (zeros_like(ids) reads
         # no value of ids; torch.tensor(ids, dtype=float) converts them).
         out=Out.FACTORY, probe=False, values=("data", "obj", "fill_value", "start", "end")),

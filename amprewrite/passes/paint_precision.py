@@ -34,9 +34,6 @@ from .base import Kind, Pass
 
 __all__ = ["PaintPrecision", "matches"]
 
-_ARANGE = {torch.arange, getattr(torch, "range", torch.arange)}
-
-
 def _own_floats(module: torch.nn.Module, low: torch.dtype) -> bool:
     """Does ``module`` hold a float parameter or buffer that is not already ``low``?"""
     return any(t.is_floating_point() and t.dtype != low
@@ -156,8 +153,9 @@ class PaintPrecision(Pass):
         """
         if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT):
             return False
-        if node.target in _ARANGE:
-            return True  # arange(..., dtype=float): integer values born as floats
+        fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
+        if fam is not None and fam.positions:
+            return True  # arange(..., dtype=float), linspace: positions born as floats
         numbers = number_inputs(node)
         if numbers is not None:
             return any(info(a).is_int for a in numbers)

@@ -199,3 +199,133 @@ def inputs(draw):
     x = torch.randn(N, FEAT, generator=gen) * scale
     ids = torch.randint(0, VOCAB, (N,), generator=gen)
     return x, ids
+
+
+# --- position programs: integers turned into floats, every spelling ------------------------------
+# An integer source, a conversion spelling, float ops that keep the cone going, and an op that
+# ends it (bounded or LOW). Positions reach 5,000: bf16 keeps 769 distinct of 0..4095 and fp16
+# is exact only to 2048, so a cone that breaks anywhere shows as an O(1) error after sin/cos.
+SEQ = 600  # long enough that cumsum of a mask passes 256 (where bf16 stops being exact)
+
+SOURCES = {
+    "arange": lambda pos, mask, t, off: torch.arange(mask.shape[-1], device=mask.device) + off,
+    "position_ids": lambda pos, mask, t, off: pos,
+    "cumsum_mask": lambda pos, mask, t, off: mask.cumsum(-1) + off,
+    "timesteps": lambda pos, mask, t, off: t[:, None] * 5 + torch.arange(4, device=t.device),
+    "arange_float_grid": lambda pos, mask, t, off: torch.arange(
+        mask.shape[-1], device=mask.device, dtype=torch.float32) + off,
+}
+
+FLOAT_SOURCES = {"arange_float_grid"}
+
+
+def _copy_into(p, buf):
+    out = torch.empty(p.shape, device=p.device)
+    out.copy_(p)
+    return out
+
+
+def _setitem(p, buf):
+    out = torch.zeros(p.shape, device=p.device)
+    out[...] = p
+    return out
+
+
+# name -> (function(int tensor, fp32 buffer) -> float tensor, symbolic_trace can follow it)
+CONVERSIONS = {
+    "float": (lambda p, buf: p.float(), True),
+    "to_dtype": (lambda p, buf: p.to(torch.float32), True),
+    "to_dtype_kw": (lambda p, buf: p.to(dtype=torch.float32), True),
+    "to_tensor": (lambda p, buf: p.to(buf), True),
+    "to_buffer_dtype": (lambda p, buf: p.to(buf.dtype), True),
+    "to_device_dtype": (lambda p, buf: p.to(buf.device, torch.float32), True),
+    "type_as": (lambda p, buf: p.type_as(buf), True),
+    "type_dtype": (lambda p, buf: p.type(torch.float32), True),
+    "type_name": (lambda p, buf: p.type("torch.FloatTensor"), True),
+    "double_then_float": (lambda p, buf: p.double().float(), True),
+    "copy_into": (_copy_into, True),
+    "setitem": (_setitem, False),
+    "new_tensor": (lambda p, buf: buf.new_tensor(p), False),
+    "as_tensor": (lambda p, buf: torch.as_tensor(p, dtype=torch.float32), False),
+    "mul_float_tensor": (lambda p, buf: p * buf.new_ones(()), True),
+    "add_zeros": (lambda p, buf: torch.zeros(p.shape, device=p.device) + p, True),
+    "mul_scalar": (lambda p, buf: p * 1.0, True),
+    "div_int": (lambda p, buf: p / 1, True),
+    "where": (lambda p, buf: torch.where(p >= 0, p, torch.zeros((), device=p.device)), True),
+    "cumsum_dtype": (lambda p, buf: torch.ones_like(p).cumsum(-1, dtype=torch.float32)
+                     + p.float() * 0 + p[..., :1], True),
+}
+# Sources that are graph inputs, and spellings that convert them without naming a dtype: traced
+# without example inputs, an input's dtype is unknown, so amprewrite cannot see that ``zeros +
+# ids`` turns integers into floats (docs/guide.md, "Position cones"). Explicit conversions
+# (``ids.float()``, ``ids.type_as(f)``) of an input of unknown dtype do start a cone.
+INPUT_SOURCES = {"position_ids", "cumsum_mask"}
+IMPLICIT = {"add_zeros", "copy_into", "div_int", "mul_float_tensor", "mul_scalar", "where"}
+# Float ops inside the cone: (function(value, buffer) -> value).
+CONE_OPS = {
+    "scale": lambda v, buf: v * buf[0],
+    "add": lambda v, buf: v + 0.5,
+    "div": lambda v, buf: v / 1.5,
+    "neg": lambda v, buf: -v,
+    "view": lambda v, buf: v.unsqueeze(-1).squeeze(-1),
+}
+# Ends of the cone, each from a value of shape (..., S) to (..., S, 4): the RoPE angle makers
+# and what follows them.
+ENDS = {
+    "outer_sin": lambda v, buf, lin: torch.sin(v[..., None] * buf),
+    "outer_cos": lambda v, buf, lin: torch.cos(v[..., None] * buf),
+    "matmul_sin": lambda v, buf, lin: torch.sin(v[..., None] @ buf[None, :]),
+    "linear_tanh": lambda v, buf, lin: torch.tanh(lin(v[..., None] * buf * 0.01)),
+    "sigmoid": lambda v, buf, lin: torch.sigmoid(v[..., None] * buf - 5.0),
+    "softmax": lambda v, buf, lin: torch.softmax(v[..., None] * buf * 0.01, -1),
+}
+
+
+class PositionProgram(nn.Module):
+    """source -> conversion -> cone ops -> end, then an optional low-precision linear."""
+
+    def __init__(self, source: str, conversion: str, cone: list[str], end: str, offset: int,
+                 tail: bool):
+        super().__init__()
+        self.source, self.conversion, self.cone, self.end = source, conversion, cone, end
+        self.offset, self.tail = offset, tail
+        self.register_buffer("inv_freq", torch.tensor([1.0, 0.37, 0.1, 0.011]))
+        self.lin = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, pos, mask, t):
+        p = SOURCES[self.source](pos, mask, t, self.offset)
+        born_float = self.source in FLOAT_SOURCES  # known statically: fx cannot branch
+        v = p if born_float else CONVERSIONS[self.conversion][0](p, self.inv_freq)
+        for op in self.cone:
+            v = CONE_OPS[op](v, self.inv_freq)
+        y = ENDS[self.end](v, self.inv_freq, self.lin)
+        return self.out(y) if self.tail else y
+
+    def __repr__(self) -> str:
+        return (f"PositionProgram({self.source!r}, {self.conversion!r}, {self.cone!r}, "
+                f"{self.end!r}, offset={self.offset}, tail={self.tail})")
+
+
+@st.composite
+def position_programs(draw) -> PositionProgram:
+    model = PositionProgram(
+        draw(st.sampled_from(sorted(SOURCES))), draw(st.sampled_from(sorted(CONVERSIONS))),
+        draw(st.lists(st.sampled_from(sorted(CONE_OPS)), max_size=3)),
+        draw(st.sampled_from(sorted(ENDS))), draw(st.sampled_from([0, 1000, 4000])),
+        draw(st.booleans()))
+    torch.manual_seed(draw(st.integers(0, 2**16)))
+    model.lin.reset_parameters()
+    model.out.reset_parameters()
+    return model.train() if draw(st.booleans()) else model.eval()
+
+
+@st.composite
+def position_inputs(draw):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    start = draw(st.sampled_from([0, 500, 4000]))
+    pos = start + torch.arange(SEQ).expand(2, SEQ).clone()
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[1, : int(torch.randint(0, SEQ // 2, (), generator=gen))] = 0  # left padding
+    t = torch.randint(0, 1000, (2,), generator=gen)
+    return pos, mask, t

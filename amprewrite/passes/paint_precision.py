@@ -26,7 +26,15 @@ from torch import fx
 from .. import meta as M
 from ..kernels import low_kernel_problem
 from ..meta import HIGH, LOW, info
-from ..ops import FAMILIES, Precision, family_of, number_inputs, precision_of, qualified_name
+from ..ops import (
+    FAMILIES,
+    Precision,
+    family_of,
+    is_conversion,
+    number_inputs,
+    precision_of,
+    qualified_name,
+)
 from ..plan import float_inputs
 from ..policy import Selector
 from ..report import REPORT_KEY
@@ -139,7 +147,7 @@ class PaintPrecision(Pass):
                 if ends:
                     continue
             for user in node.users:
-                if user.op != "output" and user.meta.get(M.CLASS) not in (None, Precision.NONFLOAT):
+                if user.op != "output" and _carries_numbers(user):
                     stack.append((user, seed))
 
     @staticmethod
@@ -151,13 +159,16 @@ class PaintPrecision(Pass):
         ``f.new_tensor(ids)`` all read ``ids`` as numbers; ``embedding(ids, w)`` and
         ``grouped_mm(x, w, offs=ids)`` read it as indices.
         """
-        if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT):
+        if not _carries_numbers(node):
             return False
         fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
         if fam is not None and fam.positions:
             return True  # arange(..., dtype=float), linspace: positions born as floats
         numbers = number_inputs(node)
         if numbers is not None:
+            if is_conversion(node) and any(info(a).kind == "tensor" and info(a).dtype is None
+                                           for a in numbers):
+                return True  # ids.float() of a graph input traced without a known dtype
             return any(info(a).is_int for a in numbers)
         args: list[fx.Node] = []
         fx.node.map_arg((node.args, node.kwargs), lambda n: args.append(n) or n)
@@ -235,6 +246,14 @@ class PaintPrecision(Pass):
         if not inputs:
             return HIGH  # a factory such as torch.ones(...): fp32 like the model
         return HIGH if HIGH in inputs or None in inputs else LOW
+
+
+def _carries_numbers(node: fx.Node) -> bool:
+    """Can ``node`` be in a position cone? Float values, float64 ones included: the model
+    computes those as it does (NONFLOAT, never repainted), but ``ids.double().float()`` still
+    carries the positions on to what reads them."""
+    cls = node.meta.get(M.CLASS)
+    return cls is not None and (cls != Precision.NONFLOAT or info(node).has_float())
 
 
 def _paint_cone(node: fx.Node, seed: fx.Node) -> None:

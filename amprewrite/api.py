@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import sys
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 
@@ -13,7 +16,7 @@ from torch import fx, nn
 
 from . import meta as M
 from .capture import DynamoGraphModule, capture
-from .errors import ModelError, PolicyError
+from .errors import ModelError, NotVerifiedWarning, PolicyError
 from .ops import FAMILIES, Precision
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
@@ -65,7 +68,9 @@ def transform(
             changed become dynamic; cached on ``gm``); ``"error"`` raises ``ShapeError``.
         verify: with ``example_inputs``, run the fp32 model, autocast and the graph once on
             them and raise ``VerificationError`` (naming the first node that departs from
-            fp32) when the graph's error is far beyond autocast's. See docs/guide.md.
+            fp32) when the graph's error is far beyond autocast's; in train mode too (equal
+            dropout masks, buffers restored). Without ``example_inputs`` there is nothing to
+            run: the report and a ``NotVerifiedWarning`` say so. See docs/guide.md.
 
     Example:
         >>> import torch, amprewrite
@@ -119,7 +124,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
         # To transform again for inputs of other shapes. With params="low" only weakly: the
         # point of low weights is that dropping the fp32 model frees its weights.
         gm._amp_source = (weakref.ref(model) if policy.params == "low" else model, policy)
-    if example_inputs is not None and policy.verify:
+    if policy.verify:
         _verify(model, gm, example_inputs, policy, rep)
     rep.timings["total"] = time.perf_counter() - start
     return gm
@@ -129,14 +134,42 @@ def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy
             rep: Report) -> None:
     from .numerics import verify_graph
 
-    if gm.training:  # dropout draws differ, and running statistics would move
-        rep.notes.append("verify: skipped, the graph was captured in train mode")
+    if example_inputs is None:
+        # Nothing to run the graph on. Said in the report and as a warning, since a graph that
+        # is silently wrong would otherwise go through unnoticed (verify=False is a choice and
+        # stays quiet).
+        rep.notes.append("verify: not run, there were no example_inputs to run the graph on; "
+                         f"{_VERIFY_ADVICE}")
+        warnings.warn(NotVerifiedWarning(
+            "amprewrite.transform: the returned graph was not verified, because no "
+            f"example_inputs were given to run it on; {_VERIFY_ADVICE} (or verify=False "
+            "to say the check is not wanted)."), stacklevel=_caller_stacklevel())
         return
     start = time.perf_counter()
+    # Train mode too: the runs draw equal dropout masks and buffers are restored after each
+    # (numerics._Replay), so BatchNorm statistics and the caller's model end as they began.
     errors = verify_graph(model, gm, example_inputs, policy.dtype)
     rep.timings["verify"] = time.perf_counter() - start
+    mode = (" in train mode (same random draws in every run, buffers restored)"
+            if gm.training else "")
     rep.notes.append(f"verify: output error {errors['error']:.3g} against fp32 "
-                     f"(autocast: {errors['autocast_error']:.3g})")
+                     f"(autocast: {errors['autocast_error']:.3g}){mode}")
+
+
+_VERIFY_ADVICE = ("pass example_inputs=(...) to transform to have it checked against fp32 and "
+                  "autocast")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel for the first frame outside amprewrite, seen from the
+    function that calls this one: the warning then names the user's line, and Python's default
+    filter shows it once per such line (``transform`` and the CLI reach it at other depths)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+            _PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"

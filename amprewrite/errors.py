@@ -7,6 +7,7 @@ __all__ = [
     "CaptureError",
     "ModeSwitchError",
     "ModelError",
+    "NotVerifiedWarning",
     "PassError",
     "PolicyError",
     "ShapeError",
@@ -44,3 +45,9 @@ class ShapeError(AmpRewriteError, ValueError):
 
 class VerificationError(AmpRewriteError, RuntimeError):
     """The transformed graph's output is far from fp32's, beyond what autocast's is."""
+
+
+class NotVerifiedWarning(UserWarning):
+    """:func:`amprewrite.transform` returned a graph it could not check against fp32 and
+    autocast (no ``example_inputs`` to run it on). Python shows it once per calling line;
+    ``verify=False`` says the check is not wanted and silences it."""

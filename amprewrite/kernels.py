@@ -8,8 +8,13 @@ island. Results are cached per (op, dtype, device, argument structure): a few ms
 op, once per process.
 
 The probe tensors take the node's own shapes when they are small, the same ranks with sides of
-at most 4 otherwise, and ranks 4, 3, 5, 2, 1 when the shapes are unknown (a symbolic trace).
-When no candidate runs in fp32 either, the probe cannot tell and the node keeps its class.
+at most 4 otherwise (and the real shapes up to 2**20 elements when shrinking breaks the call, a
+reshape to sizes read from the graph). Without shapes (a symbolic trace) they are guessed: ranks
+4, 3, 5, 2, 1 with sides of 4, shapes fitted to the op's known tensors (a weight's input
+features or channels) and to its constant sizes (``view(-1, 784)``); a size the graph computes
+(``x.size(0)``) is recomputed from the probe tensors. **No probe, no trust**: when no candidate
+runs even in fp32, or the arguments cannot be rebuilt, the low kernel is *not confirmed* and the
+node runs in fp32 (:data:`NOT_CONFIRMED` starts the reason); ``allow_low`` overrides that.
 
 >>> import torch
 >>> from torch import fx
@@ -17,6 +22,9 @@ When no candidate runs in fp32 either, the probe cannot tell and the node keeps 
 >>> n = g.call_function(torch.nn.functional.avg_pool3d, (x, 2))
 >>> low_kernel_problem(n, torch.float16, torch.device("cpu"))[:28]  # torch 2.13 CPU: no kernel
 'no float16 kernel on cpu (pr'
+>>> n = g.call_function(torch.nn.functional.avg_pool2d, (x, 2, n))  # a tensor as stride: no call
+>>> low_kernel_problem(n, torch.float16, torch.device("cpu"))[:34]
+'low-precision kernel not confirmed'
 """
 
 from __future__ import annotations
@@ -32,11 +40,20 @@ from torch.utils._python_dispatch import _disable_current_modes
 from . import meta as M
 from .ops import Family
 
-__all__ = ["disable_modes", "low_kernel_problem"]
+__all__ = ["NOT_CONFIRMED", "disable_modes", "low_kernel_problem"]
+
+# Starts the problem of a node whose low kernel no probe could run: paint_precision makes it an
+# fp32 island unless allow_low names it, and writes one report note per op.
+NOT_CONFIRMED = "low-precision kernel not confirmed"
 
 _SMALL = 1 << 14  # probe with the node's own shapes up to this many elements per tensor
+_LARGE = 1 << 20  # ... and up to this many when no shrunk shape runs (a reshape to real sizes)
+_GUESS = 1 << 12  # the largest guessed tensor (no shapes known): bf16 convs on CPU are slow
 _SIDE = 4
 _RANKS = (4, 3, 5, 2, 1)
+_FIT = 256  # an unknown tensor is fitted to known dims and constant sizes up to this
+_MAX_CANDIDATES = 64  # bounds the cost of an op no candidate runs for (each try is one raise)
+_DEPTH = 12  # how far back a size the graph computes (x.size(0) // 2) is rebuilt
 # A low kernel is wrong when its norm-wise relative error on the probe inputs exceeds this.
 # Right kernels stay far below it (bf16 SDPA backward, the worst seen: 0.15); broken ones go far
 # above (bf16 grid_sample on CPU: 1e31).
@@ -56,12 +73,9 @@ def _shape_of(node: fx.Node) -> tuple[int, ...] | None:
 
 
 def _descriptor(a: object) -> object:
-    """Hashable structure of an argument, for the cache key."""
-    if isinstance(a, fx.Node):
-        i = M.info(a)
-        return ("node", i.kind, str(i.dtype), None if i.shape is None else len(i.shape))
+    """Hashable structure of a constant argument, for the cache key."""
     if isinstance(a, (list, tuple)):
-        return tuple(_descriptor(x) for x in a)
+        return (type(a).__name__, *(_descriptor(x) for x in a))
     if isinstance(a, dict):
         return tuple(sorted((k, _descriptor(v)) for k, v in a.items()))
     try:
@@ -72,95 +86,331 @@ def _descriptor(a: object) -> object:
 
 
 def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
-                       family: Family | None = None) -> str | None:
-    """Why ``node`` cannot run in ``dtype`` on ``device`` (None: it can, or no probe can tell)."""
-    if node.op not in ("call_function", "call_method"):
+                       family: Family | None = None,
+                       module: torch.nn.Module | None = None) -> str | None:
+    """Why ``node`` cannot run in ``dtype`` on ``device``; None when a probe confirmed it can.
+
+    A problem starting with :data:`NOT_CONFIRMED` means no probe could run the op at all.
+    ``module`` is the submodule a ``call_module`` node calls; a module that holds float
+    parameters or buffers is not probed (it runs on its own weights: paint_precision's call).
+    """
+    if node.op == "call_module":
+        if module is None or any(t.is_floating_point() for t in
+                                 (*module.parameters(), *module.buffers())):
+            return None
+        # The class and its settings (kernel_size, ...): what decides the kernel it calls.
+        what: object = (type(module), repr(module), module.training)
+        fn: Callable = module
+    elif node.op in ("call_function", "call_method"):
+        what = node.target if node.op == "call_method" else id(node.target)
+        fn = _call(node.op, node.target)
+    else:
         return None
-    key = (node.op, node.target if node.op == "call_method" else id(node.target), str(dtype),
-           device.type, _descriptor(node.args), _descriptor(node.kwargs))
+    template = _Template.of(node)
+    key = (node.op, what, str(dtype), device.type, template.key)
+    # A definitive answer (the kernel works, is missing, is wrong) holds for every node of the
+    # same op and argument structure. "Not confirmed" belongs to this node's shapes and sizes
+    # only: it is kept under the finer key, so that it cannot hide a node that can be probed.
+    fine = (key, template.fine)
     try:
-        if key in _CACHE:
-            return _CACHE[key]
-    except TypeError:  # an unhashable constant argument
-        return None
-    found = _probe(node.op, node.target, _Template.of(node), dtype, device.type,
-                   bool(family is not None and family.random))
-    _CACHE[key] = found
+        for k in (key, fine):
+            if k in _CACHE:
+                return _CACHE[k]
+    except TypeError:  # an unhashable constant argument: probe without caching
+        return _probe(fn, template, dtype, device.type, bool(family and family.random))
+    found = _probe(fn, template, dtype, device.type, bool(family is not None and family.random))
+    _CACHE[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
     return found
 
 
 _CACHE: dict[tuple, str | None] = {}
 
 
+class _Unreproducible(Exception):
+    """A non-tensor argument the probe cannot rebuild (a graph input, a module's output)."""
+
+
+_UNKNOWN = object()
+
+
+def _concrete(value: object) -> object:
+    """A plain Python value for an example value of a non-tensor node, or _UNKNOWN."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        # The example's value, read without a guard (int(SymInt) would specialise it).
+        hint = getattr(value.node, "hint", None)
+        return _UNKNOWN if hint is None else hint
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device,
+                                           torch.layout, torch.memory_format)):
+        return value
+    if isinstance(value, (tuple, list)):  # torch.Size included
+        items = [_concrete(v) for v in value]
+        if any(v is _UNKNOWN for v in items):
+            return _UNKNOWN
+        return items if isinstance(value, list) else tuple(items)
+    return _UNKNOWN
+
+
+def _hint(node: fx.Node) -> object:
+    value = node.meta.get("val", node.meta.get("example_value", _UNKNOWN))
+    return _UNKNOWN if value is _UNKNOWN else _concrete(value)
+
+
+class _Slot:
+    """A tensor argument of the probed node: the probe makes it from a candidate shape."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class _Derived:
+    """A non-tensor argument the graph computes (``x.size(0)``): recomputed from probe tensors."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: fx.Node):
+        self.node = node
+
+
 class _Template:
     """The node's arguments with tensors described (dtype, known shape) for probe inputs."""
 
-    def __init__(self, args: tuple, kwargs: dict, tensors: list[tuple[torch.dtype | None,
-                                                                      tuple[int, ...] | None]]):
-        self.args, self.kwargs, self.tensors = args, kwargs, tensors
+    def __init__(self) -> None:
+        self.args: tuple = ()
+        self.kwargs: dict = {}
+        self.tensors: list[tuple[torch.dtype | None, tuple[int, ...] | None]] = []
+        self.slot_of: dict[fx.Node, int] = {}
+        self.consts: set[int] = set()  # small ints among the arguments and rebuilt sizes
+        self.ints: list[int] = []  # the node's own constant ints, in order (sizes of a view)
+        self.hints: list[object] = []  # example values of non-tensor arguments
+        self.problem: str | None = None
+        # Slots of unknown dtype (graph inputs of a symbolic trace) made as integers: the
+        # indices of an embedding. Empty: every unknown dtype is a float.
+        self.as_int: frozenset[int] = frozenset()
+        self.rebuilt: set[fx.Node] = set()  # tensors recomputed from sizes (_from_sizes)
+        self.key: object = None
+        self.fine: object = None
 
     @staticmethod
-    def of(node: fx.Node) -> _Template | None:
-        tensors: list[tuple[torch.dtype | None, tuple[int, ...] | None]] = []
-        ok = True
+    def of(node: fx.Node) -> _Template:
+        t = _Template()
+        # Every tensor argument first, so that a size read from one of them (x.size(0)) is
+        # recomputed from the same probe tensor.
+        for a in node.all_input_nodes:
+            if M.info(a).kind == "tensor" and a not in t.slot_of:
+                t.slot_of[a] = len(t.tensors)
+                t.tensors.append((M.info(a).dtype, _shape_of(a)))
+        structure: list[object] = []
 
         def describe(a: fx.Node) -> object:
-            nonlocal ok
-            i = M.info(a)
-            if i.kind != "tensor":
-                value = a.meta.get("val", a.meta.get("example_value"))
-                hint = M._int_or_none(value) if value is not None else None
-                if hint is None:
-                    ok = False
-                return hint
-            tensors.append((i.dtype, _shape_of(a)))
-            return _Slot(len(tensors) - 1)
+            if a in t.slot_of:
+                i = M.info(a)
+                structure.append(("slot", t.slot_of[a], str(i.dtype),
+                                  None if i.shape is None else len(i.shape)))
+                return _Slot(t.slot_of[a])
+            value = _hint(a)
+            if value is not _UNKNOWN:
+                t.hints.append(value)
+                structure.append(("value",))  # the example's sizes: in the fine key only
+                return value
+            try:
+                structure.append(("derived", t._recipe(a, 0)))
+            except _Unreproducible as exc:
+                structure.append(("unknown",))
+                t.problem = t.problem or str(exc)
+            return _Derived(a)
 
-        args = fx.node.map_arg(node.args, describe)
-        kwargs = fx.node.map_arg(node.kwargs, describe)
-        return _Template(args, kwargs, tensors) if ok and tensors else None
+        t.args = fx.node.map_arg(node.args, describe)
+        t.kwargs = fx.node.map_arg(node.kwargs, describe)
+        if not t.tensors:
+            t.problem = t.problem or "no tensor argument to probe with"
+        for c in pytree.tree_leaves((t.args, t.kwargs)):
+            if isinstance(c, int) and not isinstance(c, bool):
+                t.ints.append(c)
+                t.consts.add(c)
+        # Coarse key: tensors by dtype and rank, sizes the graph computes by how it computes
+        # them, constants by value; the example's shapes and sizes go into the fine key.
+        t.key = (tuple(structure), _descriptor(pytree.tree_map(
+            lambda a: None if isinstance(a, (_Slot, _Derived)) else a, (t.args, t.kwargs),
+            is_leaf=lambda a: isinstance(a, (_Slot, _Derived)))))
+        t.fine = (tuple(s for _, s in t.tensors), repr(t.hints))
+        return t
+
+    def _recipe(self, a: fx.Node, depth: int) -> object:
+        """The structure of how the graph computes the non-tensor ``a`` (for the cache key);
+        raises _Unreproducible when the probe cannot recompute it."""
+        if a in self.slot_of:
+            return ("slot", self.slot_of[a])
+        i = M.info(a)
+        if i.kind == "tensor" and not self._from_sizes(a, depth):
+            # Made up at build time, of the first probe tensor's shape.
+            return ("tensor", str(i.dtype), None if i.shape is None else len(i.shape))
+        value = _hint(a)
+        if value is not _UNKNOWN:
+            return ("value", repr(value))
+        if i.kind != "tensor" and i.has_float():
+            # Float tensors inside a tuple would be rebuilt in fp32 for the low run as well.
+            raise _Unreproducible(f"argument '{a.name}' holds tensors the probe cannot rebuild")
+        if depth >= _DEPTH or a.op not in ("call_function", "call_method"):
+            raise _Unreproducible(f"argument '{a.name}' ({a.op} '{a.target}') is only known "
+                                  "when the model runs")
+        for c in pytree.tree_leaves((a.args, a.kwargs)):
+            if isinstance(c, int) and not isinstance(c, bool):
+                self.consts.add(c)  # n_head in C // n_head: a side to try
+
+        def sub(x: object) -> object:  # nodes inside tuples too: (clamp, arange)[eq]
+            return _descriptor(fx.node.map_arg(x, lambda n: self._recipe(n, depth + 1)))
+
+        target = a.target if a.op == "call_method" else getattr(a.target, "__qualname__",
+                                                                repr(a.target))
+        return (a.op, target, sub(tuple(a.args)), sub(dict(a.kwargs)) if a.kwargs else None)
+
+    def _from_sizes(self, a: fx.Node, depth: int) -> bool:
+        """Is the tensor ``a`` computed from sizes and the node's own tensors only (the source
+        indices of an inlined upsample: arange(n) * scale)? Then the probe rebuilds it by
+        running its ops; any other tensor (a graph input, a conv's output) is made up."""
+        if a in self.slot_of:
+            return True
+        if a in self.rebuilt:
+            return True
+        if depth >= _DEPTH or a.op not in ("call_function", "call_method"):
+            return False
+        if all(b in self.slot_of or (M.info(b).kind != "tensor" and not M.info(b).has_float())
+               or (M.info(b).kind == "tensor" and self._from_sizes(b, depth + 1))
+               for b in a.all_input_nodes):
+            self.rebuilt.add(a)
+            return True
+        return False
 
     def candidates(self) -> list[list[tuple[int, ...]]]:
         shapes = [s for _, s in self.tensors]
-        out = []
-        if all(s is not None for s in shapes):
-            if all(math.prod(s) <= _SMALL for s in shapes):  # type: ignore[arg-type]
-                out.append(shapes)
-            out.append([tuple(min(d, _SIDE) for d in s) for s in shapes])  # type: ignore[union-attr]
-        else:
-            out += [[s if s is not None and math.prod(s) <= _SMALL else (_SIDE,) * r
-                     for s in shapes] for r in _RANKS]
-        return out  # type: ignore[return-value]
+        out: list[list[tuple[int, ...]]] = []
+
+        def add(c: list[tuple[int, ...]]) -> None:
+            if c not in out and len(out) < _MAX_CANDIDATES:
+                out.append(c)
+
+        def shrink(s: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(min(d, _SIDE) for d in s)
+
+        known = [s for s in shapes if s is not None]
+        if len(known) == len(shapes):
+            if all(math.prod(s) <= _SMALL for s in known):
+                add(known)
+            add([shrink(s) for s in known])
+            # Channels and groups kept (a depthwise conv: groups=64 needs 64 channels).
+            add([tuple(d if d <= 64 else _SIDE for d in s) for s in known])
+            if all(math.prod(s) <= _LARGE for s in known):
+                add(known)  # sizes read from the graph (view(b, t, 12, 64)) fit only these
+            return out
+
+        def fit(s: tuple[int, ...]) -> tuple[int, ...]:
+            return s if math.prod(s) <= _SMALL else shrink(s)
+
+        # Unknown integer tensors are often index vectors (index_select, an inlined upsample's
+        # source indices): each guess is tried again with them 1-d.
+        index = [s is None and (d is None or not (d.is_floating_point or d.is_complex
+                                                  or d == torch.bool)) for d, s in self.tensors]
+
+        def guess(shape: tuple[int, ...]) -> None:
+            if math.prod(shape) <= _GUESS:
+                add([fit(s) if s is not None else shape for s in shapes])
+                if any(index):
+                    add([fit(s) if s is not None else (2,) if i else shape
+                         for s, i in zip(shapes, index)])
+
+        top = max((len(s) for s in known), default=None)
+        # A weight's rank first (conv2d: 4); a dim argument d asks for a rank above d
+        # (flatten(4, 5) of an upsample's 6-d view).
+        ranks = sorted(_RANKS, key=lambda r: r != top) + sorted(
+            {c + 1 for c in self.consts if max(_RANKS) < c + 1 <= 8})
+        # Sides of 4, then the small constants (C // n_head needs C a multiple of n_head).
+        for side in (_SIDE, *sorted(c for c in self.consts if _SIDE < c <= 32)):
+            for r in ranks:
+                guess((side,) * r)
+        for r in ranks:
+            guess((2,) * r)  # high ranks at sides of 4 are too large
+        # Known tensors at sides of 4 too (a bias of shape (C, 1, 1) against guessed C = 4).
+        for r in ranks:
+            add([tuple(1 if d == 1 else _SIDE for d in s) if s is not None else (_SIDE,) * r
+                 for s in shapes])
+        # The op's constant sizes as the shape (view(-1, 784), expand(4, 8), the 8-d expand of
+        # an inlined nearest upsample).
+        if 0 < len(self.ints) <= 8:
+            guess(tuple(d if d > 0 else 2 for d in self.ints))
+            guess(tuple(1 if d > 0 else 2 for d in self.ints))  # what expand(-1, 41) grows
+        # Fitted to one dim of a known tensor or a constant, first or last: the input features
+        # of a linear's weight, the channels of a conv's or a norm's; other sides as large as
+        # the largest kernel (a 7x7 conv without padding).
+        dims = sorted({d for s in known for d in s if 1 <= d <= _FIT}
+                      | {c for c in self.consts if 2 <= c <= _FIT})
+        side = max([_SIDE] + [d for s in known if len(s) >= 3 for d in s[2:] if d <= 16])
+        for r in ranks:
+            for d in dims:
+                for pos in ((-1,) if r == 1 else (1, -1)):
+                    shape = [side] * r
+                    shape[0] = 2 if r > 1 else shape[0]
+                    shape[pos] = d
+                    guess(tuple(shape))
+        return out
 
     def build(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str,
               seed: int = 0) -> tuple[tuple, dict, list[torch.Tensor]]:
         g = torch.Generator().manual_seed(seed)
         made: list[torch.Tensor] = []
-        for (orig, _), shape in zip(self.tensors, shapes):
-            if orig is None or orig.is_floating_point:
-                t = (torch.rand(shape, generator=g) + 0.5).to(device=device, dtype=dtype)
-                t.requires_grad_(True)
-            elif orig == torch.bool:
-                t = torch.rand(shape, generator=g).gt(0.5).to(device)
-            elif orig.is_complex:
-                t = torch.rand(shape, generator=g).to(device=device, dtype=orig)
+        for i, ((orig, _), shape) in enumerate(zip(self.tensors, shapes)):
+            orig = torch.int64 if i in self.as_int else orig
+            made.append(_tensor(orig, shape, dtype, device, g, grad=True))
+        env: dict[fx.Node, object] = {n: made[i] for n, i in self.slot_of.items()}
+
+        def rebuild(n: fx.Node) -> object:
+            """The value of the non-tensor ``n``, computed from the probe tensors."""
+            if n in env:
+                return env[n]
+            i = M.info(n)
+            if i.kind == "tensor" and n not in self.rebuilt:
+                # A tensor the node does not take (x in h.view(x.size(0), -1)): the shape of
+                # the first probe tensor, so that the sizes read from it agree with it.
+                shape = _shape_of(n)
+                if shape is None or math.prod(shape) > _LARGE:
+                    shape = shapes[0] if i.shape is None or len(i.shape) == len(shapes[0]) \
+                        else (_SIDE,) * len(i.shape)
+                value: object = _tensor(i.dtype, shape, torch.float32, device, g, grad=False)
+            elif (hint := _hint(n)) is not _UNKNOWN:
+                value = hint
             else:
-                t = torch.randint(0, 2, shape, generator=g).to(device=device, dtype=orig)
-            made.append(t)
+                args = fx.node.map_arg(n.args, rebuild)
+                kwargs = fx.node.map_arg(n.kwargs, rebuild)
+                value = _call(n.op, n.target)(*args, **kwargs)
+            env[n] = value
+            return value
 
         def fill(a: object) -> object:
-            return made[a.index] if isinstance(a, _Slot) else a
+            if isinstance(a, _Slot):
+                return made[a.index]
+            if isinstance(a, _Derived):
+                with torch.no_grad():
+                    return rebuild(a.node)
+            return a
 
-        args = pytree.tree_map(fill, self.args, is_leaf=lambda a: isinstance(a, _Slot))
-        kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=lambda a: isinstance(a, _Slot))
+        leaf = lambda a: isinstance(a, (_Slot, _Derived))  # noqa: E731
+        args = pytree.tree_map(fill, self.args, is_leaf=leaf)
+        kwargs = pytree.tree_map(fill, self.kwargs, is_leaf=leaf)
         return args, kwargs, [t for t in made if t.is_floating_point()]
 
 
-class _Slot:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
+def _tensor(orig: torch.dtype | None, shape: tuple[int, ...], dtype: torch.dtype, device: str,
+            g: torch.Generator, grad: bool) -> torch.Tensor:
+    """A probe tensor: floats in [0.5, 1.5) (no zero to divide by), indices 0 or 1."""
+    if orig is None or orig.is_floating_point:
+        t = (torch.rand(shape, generator=g) + 0.5).to(device=device, dtype=dtype)
+        return t.requires_grad_(grad)
+    if orig == torch.bool:
+        return torch.rand(shape, generator=g).gt(0.5).to(device)
+    if orig.is_complex:
+        return torch.rand(shape, generator=g).to(device=device, dtype=orig)
+    return torch.randint(0, 2, shape, generator=g).to(device=device, dtype=orig)
 
 
 def _call(op: str, target: object) -> Callable:
@@ -172,6 +422,10 @@ def _call(op: str, target: object) -> Callable:
 def _floats(out: object) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(out)
             if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
 
 
 def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: bool):
@@ -192,34 +446,45 @@ def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: boo
     return outs, grads
 
 
-def _probe(op: str, target: object, template: _Template | None, dtype: torch.dtype,
-           device: str, random: bool) -> str | None:
-    if template is None:
-        return None
-    fn = _call(op, target)
+def _probe(fn: Callable, template: _Template, dtype: torch.dtype, device: str,
+           random: bool) -> str | None:
+    if template.problem is not None:
+        return f"{NOT_CONFIRMED}: {template.problem}"
     low_name = str(dtype).replace("torch.", "")
+    candidates = template.candidates()
+    # Floats first; then each tensor of unknown dtype as integers in turn (embedding indices).
+    unknown = [i for i, (d, _) in enumerate(template.tensors) if d is None][:3]
+    tries = [(frozenset(), shapes) for shapes in candidates] + [
+        (frozenset((i,)), shapes) for i in unknown for shapes in candidates]
+    first: str | None = None
     with disable_modes(), torch.enable_grad():
-        for shapes in template.candidates():
+        for as_int, shapes in tries:
+            template.as_int = as_int
             try:
                 ref, ref_grads = _run(fn, template, shapes, torch.float32, device, True)
-            except Exception:
+            except Exception as exc:
                 try:
                     ref, ref_grads = _run(fn, template, shapes, torch.float32, device, False)
                 except Exception:
+                    first = first or _first_line(exc)
                     continue  # this candidate is not a valid call: try the next one
+            if not ref:
+                continue  # no float output: this call confirms nothing about float kernels
             backward = ref_grads is not None
             try:
                 low, low_grads = _run(fn, template, shapes, dtype, device, backward)
             except Exception as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-                return f"no {low_name} kernel on {device} (probed: {first})"
+                return f"no {low_name} kernel on {device} (probed: {_first_line(exc)})"
             if random:
                 bad = any(not torch.isfinite(t).all() for t in low)
                 return f"{low_name} kernel returns non-finite values on {device}" if bad else None
             return _compare(ref, low, dtype, device) or _compare(
                 [g for g in ref_grads or () if g is not None],
                 [g for g in low_grads or () if g is not None], dtype, device, "backward ")
-        return None
+    known = all(s is not None for _, s in template.tensors)
+    return (f"{NOT_CONFIRMED}: none of {len(candidates)} probe inputs "
+            f"({'shrunk from the node' if known else 'guessed: shapes unknown'}) ran even in "
+            f"float32 (first error: {first})")
 
 
 def _compare(ref: list[torch.Tensor], low: list[torch.Tensor], dtype: torch.dtype, device: str,

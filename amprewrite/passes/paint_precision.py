@@ -201,6 +201,10 @@ class PaintPrecision(Pass):
             _note(gm, f"kernels not probed: device '{device}' is not available here; transform "
                       "on a machine that has it to check its low-precision kernels")
             return
+        # Imported here: the rest of this module needs only low_kernel_problem.
+        from ..kernels import NOT_CONFIRMED
+
+        unconfirmed: dict[str, list[str]] = {}  # op -> nodes whose low kernel no probe ran
         for node in M.each_node(gm.graph):
             if node.meta.get(M.CLASS) not in (Precision.LOW, Precision.PROMOTE, Precision.NEUTRAL):
                 continue
@@ -209,11 +213,28 @@ class PaintPrecision(Pass):
                 continue
             if not any(info(a).kind == "tensor" for a in float_inputs(node)):
                 continue
-            problem = low_kernel_problem(node, low, device, fam)
-            if problem is not None:
-                node.meta[M.CLASS] = Precision.FP32
-                node.meta[M.REASON] = f"fp32 island: {problem}"
-                node.meta.pop(M.TIED, None)
+            # A parameter-free module left as a call (nn.AvgPool3d in a Sequential) runs the
+            # same kernels as its functional form: probed by calling it.
+            module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+            problem = low_kernel_problem(node, low, device, fam, module)
+            if problem is None:
+                continue
+            if problem.startswith(NOT_CONFIRMED):
+                # No probe, no trust -- unless the user vouches for the kernel.
+                if any(matches(node, sel) for sel in self.policy.allow_low):
+                    continue
+                op = type(module).__name__ if module is not None else qualified_name(node)
+                unconfirmed.setdefault(op, []).append(node.name)
+            node.meta[M.CLASS] = Precision.FP32
+            node.meta[M.REASON] = f"fp32 island: {problem}"
+            node.meta.pop(M.TIED, None)
+        for op, names in unconfirmed.items():
+            shown = ", ".join(f"'node:{n}'" for n in names[:3]) + (", ..." if len(names) > 3
+                                                                    else "")
+            _note(gm, f"'{op}' ({len(names)} node{'s' * (len(names) > 1)}): {low} kernel on "
+                      f"{device.type} not confirmed by a probe (no example inputs to take "
+                      f"shapes from, or sizes the probe cannot rebuild): fp32; "
+                      f"allow_low=[{shown}] to override")
 
     @staticmethod
     def _note_unknown(gm: fx.GraphModule) -> None:

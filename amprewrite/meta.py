@@ -197,7 +197,9 @@ def info(node: object) -> ValueInfo:
     return OTHER
 
 
-_DROP_ROOT = re.compile(r"^L\['[^']*'\]")
+# The root module: L['self'], or L['args'][0] when dynamo traced forward through a wrapper that
+# takes the module as its first argument (transformers 5 decorates forward so).
+_DROP_ROOT = re.compile(r"^L\['args'\]\[0\]|^L\['[^']*'\]")
 # A module reached through its instance dict: .__dict__['_modules'] (or its params/buffers).
 _INSTANCE_DICT = re.compile(r"\.__dict__\['_(?:modules|parameters|buffers)'\]")
 _GETATTR = re.compile(r"getattr\(([^,()]+),\s*'([^']*)'\)")
@@ -210,6 +212,8 @@ def clean_module_path(path: str) -> str:
     'model.layers.0.self_attn'
     >>> clean_module_path("L['self'].__dict__['_modules']['down_blocks'][0]")  # diffusers
     'down_blocks.0'
+    >>> clean_module_path("L['args'][0].model.layers.0.mlp")  # forward called via a wrapper
+    'model.layers.0.mlp'
     """
     s = path
     while _GETATTR.search(s):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import enum
 import functools
+import inspect
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -349,10 +350,22 @@ def argument_names(node: fx.Node) -> list[str | int]:
         if all(positional[i][1] or not t for i, t in enumerate(tensors)):
             return [positional[i][0] for i in range(len(node.args))]
     py = _PY_SIGNATURES.get(name) or _PY_SIGNATURES.get(getattr(target, "__name__", ""))
+    if py is None and node.op == "call_function":
+        py = _python_parameters(target)  # F.cross_entropy(input, target, ...)
     if py is not None and len(py) >= len(node.args):
         return list(py[:len(node.args)])
     first = ["self"] if node.op == "call_method" else []
     return first + list(range(len(first), len(node.args)))
+
+
+def _python_parameters(fn: object) -> tuple[str, ...] | None:
+    """The positional parameter names of a Python function, or None (builtins, C functions)."""
+    try:
+        params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return tuple(p.name for p in params
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def number_inputs(node: fx.Node) -> list[fx.Node] | None:
@@ -402,6 +415,16 @@ def _accumulates(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | Non
     """index_put(accumulate=True) and scatter(reduce=...) add values: PROMOTE, not a copy."""
     if node.kwargs.get("accumulate") or node.kwargs.get("reduce"):
         return Precision.PROMOTE, "accumulating write: adds values"
+    return None
+
+
+def _avg_pool(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
+    """adaptive_avg_pool3d is FP32, as under CPU autocast: it has a low kernel, but that kernel
+    rounds each average to the low dtype, and a global pool (output size 1) is a mean over a
+    whole volume, which autocast returns in fp32 (after a low Conv3d, run low it had 1.5x
+    autocast's error in bf16, 1.8x in fp16)."""
+    if op_name(node) == "adaptive_avg_pool3d":
+        return Precision.FP32, "adaptive_avg_pool3d: averages in fp32, as autocast runs it"
     return None
 
 
@@ -546,7 +569,9 @@ _TABLE: list[Family] = [
         lower={nn.RMSNorm: lambda m, x, attr: (F.rms_norm, (
             x, m.normalized_shape, attr("weight"), m.eps), {})} if hasattr(nn, "RMSNorm") else {}),
     _op("local_response_norm", H, ["local_response_norm"],
-        modules=["LocalResponseNorm", "CrossMapLRN2d"]),
+        modules=["LocalResponseNorm", "CrossMapLRN2d"],
+        why="sums squares of neighbouring channels (fp16 overflows from 256); no "
+            "low-precision CPU kernel (avg_pool3d)"),
     _op("normalize", H, ["normalize"], out=Out.FLOAT),
     # FP32: softmax family (exp of large logits overflows; bounded output ends a position cone).
     _op("softmax", H, ["softmax", "_softmax", "gumbel_softmax"],
@@ -593,9 +618,10 @@ _TABLE: list[Family] = [
         why="as linalg; results are tuples (with integer pivots, complex eigenvalues)"),
     # FP32: FFT and complex numbers (no bf16 FFT; fp16 FFT needs power-of-two sizes).
     _op("fft", H, _FFT, out=Out.COMPLEX, why="no bf16 FFT kernels; fp16 needs powers of two"),
-    _op("ifft_real", H, _IFFT_REAL, out=Out.REAL),
+    _op("ifft_real", H, _IFFT_REAL, out=Out.REAL,
+        why="reads complex spectra, which keep the model's dtype; no bf16 FFT kernels"),
     _op("complex", H, ["view_as_complex", "polar", "complex", "view_as_complex_copy"],
-        out=Out.COMPLEX),
+        out=Out.COMPLEX, why="complex results: no bf16 complex dtype, few complex32 kernels"),
     _op("angle", H, ["angle"], out=Out.REAL),
     _op("complex_parts", N, ["view_as_real", "real", "imag", "conj", "conj_physical",
                              "resolve_conj", "resolve_neg", "fft.fftfreq", "fft.rfftfreq",
@@ -642,7 +668,11 @@ _TABLE: list[Family] = [
                         "adaptive_avg_pool2d", "adaptive_avg_pool3d", "lp_pool1d", "lp_pool2d",
                         "lp_pool3d"],
         modules=["AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
-                 "AdaptiveAvgPool3d", "LPPool1d", "LPPool2d", "LPPool3d"]),
+                 "AdaptiveAvgPool3d", "LPPool1d", "LPPool2d", "LPPool3d"],
+        classify=_avg_pool,
+        # As a function, so that _avg_pool sees which pool a symbolic trace's module node is.
+        lower={nn.AdaptiveAvgPool3d: lambda m, x, attr: (F.adaptive_avg_pool3d,
+                                                          (x, m.output_size), {})}),
     _op("interpolate", P, ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
                            "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                            "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
@@ -801,8 +831,17 @@ _TABLE: list[Family] = [
         out=Out.NONTENSOR, probe=False),
     Family("attribute", N, (builtins.getattr,), out=Out.ATTR, probe=False),
 ]
+# Losses no test can show worse in low precision on CPU (tests/test_precision_classes.py).
+_LOSS_WHY = {
+    "multi_margin_loss": "a loss (sums); no low-precision CPU kernel",
+    "multilabel_margin_loss": "a loss (sums); no low-precision CPU kernel",
+    "ctc_loss": "sums probabilities over alignments; no low-precision CPU kernel",
+    "linear_cross_entropy": "a Python function: capture traces through it into linear and "
+                            "cross_entropy, which carry the classes",
+}
 for _fn, _mod in _LOSSES:
-    _TABLE.append(_op(_fn, H, [_fn, *_LOSS_ALIASES.get(_fn, [])], modules=[_mod]))
+    _TABLE.append(_op(_fn, H, [_fn, *_LOSS_ALIASES.get(_fn, [])], modules=[_mod],
+                      why=_LOSS_WHY.get(_fn, "")))
 
 # Spellings whose bare names also exist with another meaning, or that moved family.
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad",

@@ -23,8 +23,7 @@ from fractions import Fraction
 import torch
 
 __all__ = ["ViewStep", "batch_gather", "batch_index", "cast_if_float", "memory_format_of",
-           "nearest_scale", "replay_view", "setitem", "upsample_nearest", "vmap_call",
-           "write_view"]
+           "nearest_scale", "replay_view", "setitem", "vmap_call", "write_view"]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
@@ -179,22 +178,6 @@ def repeat_factor(in_size: int | None, out_size: int | None, scale: float | None
     return s if Fraction(nearest_scale(in_size, out_size, scale)) >= Fraction(1, s) else None
 
 
-def source_index(in_size: int, out_size: int, scale: float | None, exact: bool,
-                 device: torch.device) -> torch.Tensor:
-    """ATen's ``nearest_idx`` / ``nearest_exact_idx`` for every output position of one dim."""
-    dst = torch.arange(out_size, device=device)
-    if not exact and out_size == in_size:
-        return dst
-    if not exact and out_size == 2 * in_size:
-        return dst >> 1
-    f = nearest_scale(in_size, out_size, scale)
-    if exact:  # floorf((dst + 0.5) * scale): the product in double, floored as float
-        src = ((dst.double() + 0.5) * f).float().floor()
-    else:  # floorf(dst * scale) in float
-        src = (dst.float() * torch.tensor(f, dtype=torch.float32, device=device)).floor()
-    return src.long().clamp_(max=in_size - 1)
-
-
 def output_sizes(in_sizes: Sequence[int | None], size, scale_factor,
                  recompute_scale_factor: bool | None
                  ) -> tuple[list[int | None], list[float | None]]:
@@ -207,44 +190,3 @@ def output_sizes(in_sizes: Sequence[int | None], size, scale_factor,
     out = [None if i is None else math.floor(float(i) * float(f))
            for i, f in zip(in_sizes, factors)]
     return out, ([None] * k if recompute_scale_factor else [float(f) for f in factors])
-
-
-@torch.fx.wrap
-def upsample_nearest(x: torch.Tensor, size=None, scale_factor=None, exact: bool = False,
-                     recompute_scale_factor: bool | None = None) -> torch.Tensor:
-    """``F.interpolate(x, size, scale_factor, mode="nearest" / "nearest-exact")``, bit for bit,
-    with sizes read at run time. ``replace_upsample`` inlines the same computation as graph
-    nodes; the graph calls this function only where the rank is unknown when tracing.
-
-    >>> import torch.nn.functional as F
-    >>> x = torch.arange(6.0).reshape(1, 1, 2, 3)
-    >>> torch.equal(upsample_nearest(x, scale_factor=2), F.interpolate(x, scale_factor=2))
-    True
-    """
-    in_sizes = list(x.shape[2:])
-    out_sizes, scales = output_sizes(in_sizes, size, scale_factor, recompute_scale_factor)
-    layout = _suggest_memory_format(x)
-    ints = [repeat_factor(i, o, s, exact) for i, o, s in zip(in_sizes, out_sizes, scales)]
-    if all(s is not None for s in ints):
-        # Every dim repeats each element s times: a broadcast copy, no index arithmetic.
-        out = repeat_dims(x, ints)
-    else:
-        out = x
-        for d in range(len(in_sizes)):
-            idx = source_index(in_sizes[d], out_sizes[d], scales[d], exact, x.device)
-            out = out.index_select(2 + d, idx)
-    return out.contiguous(memory_format=layout)
-
-
-def repeat_dims(x: torch.Tensor, factors: Sequence[int]) -> torch.Tensor:
-    """Each element of spatial dim d repeated ``factors[d]`` times:
-    ``x[:, :, :, None, :, None].expand(-1, -1, -1, s0, -1, s1).flatten(4, 5).flatten(2, 3)``."""
-    k = len(factors)
-    view = x[(slice(None), slice(None)) + (slice(None), None) * k]
-    shape = [-1] * (2 + 2 * k)
-    for d, s in enumerate(factors):
-        shape[3 + 2 * d] = s
-    out = view.expand(shape)
-    for d in reversed(range(k)):
-        out = out.flatten(2 + 2 * d, 3 + 2 * d)
-    return out

@@ -1,4 +1,5 @@
-"""Nearest upsampling: native F.interpolate vs amprewrite's exact replacement.
+"""Nearest upsampling: native F.interpolate vs amprewrite's exact replacement (the subgraph
+``replace_upsample`` emits for a symbolic trace: sizes and rank read at run time).
 
     python -m benchmarks.upsample [--repeats 20] [--device cpu|cuda]
 
@@ -14,8 +15,10 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from torch import fx
 
-from amprewrite.runtime import upsample_nearest
+from amprewrite.passes.replace_upsample import ReplaceUpsample
+from amprewrite.policy import Policy
 
 from .common import interleaved, save, table
 
@@ -24,8 +27,10 @@ def _native(x):
     return F.interpolate(x, scale_factor=2, mode="nearest")
 
 
-def _rewrite(x):
-    return upsample_nearest(x, None, 2, False, None)
+# Only the rewrite pass, no cast plan: fp32 and bf16 inputs both run the subgraph as they are.
+_rewrite = fx.symbolic_trace(_native)
+ReplaceUpsample(Policy(upsample="always")).run(_rewrite)
+_rewrite.recompile()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """replace_upsample: bit-exact nearest upsampling, the probe, fp32 islands, real decoders."""
 
+import functools
 import random
 
 import pytest
@@ -9,21 +10,33 @@ from torch import nn
 
 import amprewrite
 from amprewrite import meta as M
+from amprewrite import runtime
 from amprewrite.ops import Precision
 from amprewrite.passes import replace_upsample
-from amprewrite.runtime import upsample_nearest
 
 from ..helpers import casts, transform
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-_UPSAMPLES = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear,
-              upsample_nearest}
+_UPSAMPLES = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear}
+
+
+# Not upsample helpers: the layout query reads strides and computes no value; the guarded cast
+# is how a symbolic trace casts an input whose dtype it does not know.
+_NOT_UPSAMPLE = (runtime.memory_format_of, runtime.cast_if_float)
 
 
 def upsample_calls(gm) -> list:
-    """Nodes that call an upsample kernel or amprewrite's one-call fallback."""
+    """Nodes that call an upsample kernel or any other function of amprewrite.runtime: the
+    rewrite must leave plain tensor ops only."""
     return [n for n in gm.graph.nodes if n.target in _UPSAMPLES
-            or str(n.target).startswith("upsample")]
+            or str(n.target).startswith("upsample")
+            or (getattr(n.target, "__module__", None) == runtime.__name__
+                and n.target not in _NOT_UPSAMPLE)]
+
+
+def upsample_left(gm) -> list:
+    """The interpolate nodes a transform left in the graph (an fp32 island keeps its node)."""
+    return [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "interpolate"]
 
 
 def _cases(n: int = 72, seed: int = 0) -> list[tuple[tuple[int, ...], dict]]:
@@ -68,23 +81,76 @@ def test_cases_cover_the_space():
     assert {kw["mode"] for _, kw in CASES} == {"nearest", "nearest-exact"}
 
 
+class Up(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return F.interpolate(x, **self.kw)
+
+
+@functools.cache
+def _symbolic(kw: tuple, dtype: torch.dtype = torch.bfloat16):
+    """``Up(**kw)`` transformed without example inputs (symbolic trace: rank and sizes unknown
+    unless a tuple argument gives the rank), every nearest upsample rewritten."""
+    return transform(Up(**dict(kw)), dtype=dtype, upsample="always", verify=False)
+
+
+def symbolic(kw: dict, dtype: torch.dtype = torch.bfloat16):
+    return _symbolic(tuple(sorted(kw.items())), dtype)
+
+
+def _other_sizes(shape: tuple, kw: dict) -> list[tuple]:
+    """Inputs of other sizes (and, where no tuple argument fixes it, other ranks) than any
+    transform saw: the symbolic graph must be shape- and rank-generic by construction."""
+    fixed = isinstance(kw.get("size", kw.get("scale_factor")), tuple)
+    ranks = [len(shape)] if fixed else [3, 4, 5]
+    rng = random.Random(hash((shape, str(sorted(kw.items())))))
+    return [shape] + [(rng.randint(1, 3), rng.randint(1, 4), *[rng.randint(1, 11) for _ in
+                                                               range(r - 2)]) for r in ranks]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_upsample_nearest_equals_native(dtype):
-    for shape, kw in CASES:
-        x = torch.randn(shape).to(dtype)
-        exact = kw["mode"] == "nearest-exact"
-        ours = upsample_nearest(x, kw.get("size"), kw.get("scale_factor"), exact,
-                                kw.get("recompute_scale_factor"))
-        assert torch.equal(ours, F.interpolate(x, **kw)), (shape, kw)
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_symbolic_graph_equals_native(case, dtype):
+    """Without example inputs: plain ops only, bit for bit F.interpolate on the same input (in
+    fp32, and on the low input for bf16/fp16), at the traced call and at other sizes/ranks."""
+    shape, kw = CASES[case]
+    gm = symbolic(kw, torch.bfloat16 if dtype == torch.float32 else dtype)
+    assert not upsample_calls(gm) and not upsample_left(gm), kw
+    gm.graph.lint()
+    (rw,) = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
+    assert "subgraph" in rw.action
+    for s in _other_sizes(shape, kw):
+        x = torch.randn(s).to(dtype)
+        try:
+            native = F.interpolate(x, **kw)
+        except RuntimeError:
+            continue  # an empty output at this size: PyTorch rejects it too
+        ours = gm(x)
+        assert ours.dtype == dtype and torch.equal(ours, native), (s, kw)
+
+
+def test_integer_factor_without_sizes_is_an_expand():
+    """A factor of 2 needs no sizes (ATen shifts): expand/flatten, no index arithmetic, for
+    every rank from one graph."""
+    gm = symbolic({"scale_factor": 2})
+    targets = {n.target for n in gm.graph.nodes}
+    assert {"expand", "flatten"} <= targets and "index_select" not in targets
+    for shape in [(2, 3, 7), (1, 2, 5, 3), (2, 1, 3, 4, 2)]:
+        x = torch.randn(shape)
+        assert torch.equal(gm(x), F.interpolate(x, scale_factor=2))
 
 
 @pytest.mark.parametrize("shape, layout", [((2, 3, 4, 5), torch.channels_last),
                                            ((1, 2, 3, 4, 5), torch.channels_last_3d),
                                            ((2, 3, 4, 5), torch.contiguous_format)])
-@pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"scale_factor": 1.5}])
+@pytest.mark.parametrize("kw", [{"scale_factor": 2}, {"scale_factor": 1.5}, {"size": 7},
+                                {"scale_factor": 3, "mode": "nearest-exact"}])
 def test_memory_format_matches_native(shape, layout, kw):
     x = torch.randn(shape).contiguous(memory_format=layout)
-    ours, native = upsample_nearest(x, None, kw["scale_factor"]), F.interpolate(x, **kw)
+    ours, native = symbolic(kw)(x), F.interpolate(x, **kw)
     assert torch.equal(ours, native)
     assert ours.stride() == native.stride()
 
@@ -94,7 +160,7 @@ def test_factors_where_float_index_formula_is_not_floor_division(factor):
     """float32(1/s) rounds below 1/s for these s, so PyTorch's own output is not dst // s."""
     x = torch.arange(4096.0).reshape(1, 1, 4096)
     native = F.interpolate(x, scale_factor=factor)
-    assert torch.equal(upsample_nearest(x, None, factor), native)
+    assert torch.equal(symbolic({"scale_factor": factor})(x), native)
 
 
 def test_gradients_match_exactly_for_integer_values():
@@ -104,19 +170,75 @@ def test_gradients_match_exactly_for_integer_values():
         out_native = F.interpolate(x, **kw)
         grad = torch.randint(-4, 4, out_native.shape).float()
         out_native.backward(grad)
-        exact = kw["mode"] == "nearest-exact"
-        upsample_nearest(y, kw.get("size"), kw.get("scale_factor"), exact,
-                         kw.get("recompute_scale_factor")).backward(grad)
+        out = symbolic(kw)(y)
+        assert out.dtype == torch.float32  # the graph runs an fp32 input as it comes
+        out.backward(grad)
         assert torch.equal(x.grad, y.grad), (shape, kw)
 
 
-class Up(nn.Module):
-    def __init__(self, **kw):
-        super().__init__()
-        self.kw = kw
+class FromSkip(nn.Module):
+    """A UNet decoder's upsample to its skip connection's size, read from the graph."""
 
-    def forward(self, x):
-        return F.interpolate(x, **self.kw)
+    def __init__(self, which: str, mode: str):
+        super().__init__()
+        self.which, self.mode = which, mode
+
+    def forward(self, x, skip):
+        size = {"shape": lambda: skip.shape[2:], "size()": lambda: skip.size()[2:],
+                "size(-1)": lambda: skip.size(-1)}[self.which]()
+        return F.interpolate(x, size=size, mode=self.mode)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("which", ["shape", "size()", "size(-1)"])
+def test_size_computed_in_the_graph(which, mode):
+    model = FromSkip(which, mode)
+    gm = transform(model, dtype=torch.bfloat16, upsample="always", verify=False)
+    assert not upsample_calls(gm) and not upsample_left(gm)
+    rng = random.Random(0)
+    for _ in range(40):
+        k = rng.randint(1, 3)
+        x = torch.randn(rng.randint(1, 2), 3, *[rng.randint(1, 7) for _ in range(k)])
+        skip = torch.randn(1, 1, *[rng.randint(1, 20) for _ in range(k)])
+        if k > 1 and rng.random() < 0.5:
+            x = x.contiguous(memory_format=torch.channels_last if k == 2 else
+                             torch.channels_last_3d)
+        for dtype in DTYPES:
+            ours, native = gm(x.to(dtype), skip), model(x.to(dtype), skip)
+            assert torch.equal(ours, native), (x.shape, skip.shape)
+            # Strides agree wherever they mean anything (a size-1 dim's stride does not).
+            assert all(a == b for a, b, n in zip(ours.stride(), native.stride(), ours.shape)
+                       if n > 1), (x.shape, skip.shape)
+
+
+@torch.fx.wrap
+def _opaque_size(t):
+    return t.shape[2:]
+
+
+def test_size_of_unknown_kind_becomes_an_exact_fp32_island():
+    """A size the graph computes with a function it cannot see into may be a number or a
+    sequence: not guessed; the upsample runs natively in fp32 (a copy: exact either way)."""
+
+    class M_(nn.Module):
+        def forward(self, x, skip):
+            return F.interpolate(x, size=_opaque_size(skip))
+
+    gm = transform(M_(), dtype=torch.bfloat16, upsample="always", verify=False)
+    (node,) = upsample_left(gm)
+    assert node.meta[M.CLASS] == Precision.FP32
+    (rw,) = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
+    assert "fp32 island" in rw.action
+    x, skip = torch.randn(2, 3, 4, 5), torch.randn(1, 1, 9, 7)
+    assert torch.equal(gm(x, skip), F.interpolate(x, size=(9, 7)))
+
+
+def test_symbolic_graph_under_torch_compile():
+    torch._dynamo.reset()
+    for shape, kw in CASES[:8]:
+        x = torch.randn(shape)
+        compiled = torch.compile(symbolic(kw), fullgraph=True, dynamic=False)
+        assert torch.equal(compiled(x), F.interpolate(x, **kw)), (shape, kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -146,16 +268,16 @@ def test_inlined_subgraph_keeps_memory_format(layout, kw):
     assert torch.equal(ours, native) and ours.stride() == native.stride()
 
 
-def test_symbolic_trace_inlines_when_the_rank_is_known():
-    """A tuple factor gives the rank; a factor of 2 needs no sizes (ATen shifts): plain ops,
-    shape-generic. A scalar factor without example inputs leaves the rank unknown: one exact
-    call, and the report says why."""
+def test_symbolic_trace_inlines_whatever_the_rank():
+    """A tuple factor gives the rank; a scalar factor without example inputs does not: the
+    input is lifted to rank 5 and reshaped back, plain ops either way, and the report says the
+    sizes are read at run time."""
     tuple_factor = transform(Up(scale_factor=(2, 2)), dtype=torch.bfloat16, upsample="always")
     assert not upsample_calls(tuple_factor)
     scalar = transform(Up(scale_factor=2), dtype=torch.bfloat16, upsample="always")
-    assert [n.target for n in upsample_calls(scalar)] == [upsample_nearest]
+    assert not upsample_calls(scalar) and not upsample_left(scalar)
     (rw,) = [r for r in amprewrite.report(scalar).rewrites if r.pass_name == "replace_upsample"]
-    assert "rank unknown" in rw.action and "example_inputs" in rw.action
+    assert "expand/reshape subgraph" in rw.action and "run time" in rw.action
     for shape in [(1, 1, 3, 3), (2, 3, 5, 8), (1, 2, 1, 9)]:
         x = torch.randn(shape)
         assert torch.equal(tuple_factor(x), F.interpolate(x, scale_factor=2))
@@ -171,11 +293,7 @@ def test_every_module_spelling(module, capture):
     example = (x,) if capture == "dynamo" else None
     gm = transform(model, dtype=torch.bfloat16, upsample="always", example_inputs=example)
     never = transform(model, dtype=torch.bfloat16, upsample="never", example_inputs=example)
-    left = upsample_calls(gm)
-    # Symbolic traces know no sizes: only the one exact call where the rank is unknown.
-    assert all(n.target is upsample_nearest for n in left)
-    if capture == "dynamo":
-        assert not left
+    assert not upsample_calls(gm) and not upsample_left(gm)  # symbolic traces too
     assert torch.equal(gm(x), never(x))
     # Between two low convs the upsample runs in low precision: no cast is added for it.
     assert len(casts(gm)) == len(casts(never))
@@ -228,8 +346,8 @@ def test_auto_rewrites_what_the_probe_says_is_missing(missing_kernels):
     model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2), nn.Conv2d(4, 2, 1),
                           nn.Upsample(scale_factor=2, mode="bilinear"))
     gm = transform(model, dtype=torch.bfloat16)
-    (near,) = [n for n in gm.graph.nodes if n.target is upsample_nearest]
-    (bil,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "interpolate"]
+    (bil,) = upsample_left(gm)  # the nearest one is plain ops now; its last node is the copy
+    (near,) = [n for n in gm.graph.nodes if n.target == "contiguous"]
     assert bil.meta[M.CLASS] == Precision.FP32 and "fp32 island" in bil.meta[M.REASON]
     x = torch.randn(2, 3, 5, 5)
     # Same numbers as keeping the bilinear upsample ("3") in fp32 by hand, without the rewrite.
@@ -247,7 +365,7 @@ def test_auto_leaves_working_kernels_alone():
     assert replace_upsample.has_kernel("cpu", torch.bfloat16, "nearest", 4)
     model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2))
     gm = transform(model, dtype=torch.bfloat16)
-    assert not any(n.target is upsample_nearest for n in gm.graph.nodes)
+    assert len(upsample_left(gm)) == 1
     assert not [r for r in amprewrite.report(gm).rewrites if r.pass_name == "replace_upsample"]
 
 
@@ -262,7 +380,7 @@ def test_probe_is_independent_of_the_callers_grad_mode_and_compile_context():
     backend = amprewrite.backend(inner=lambda gm, ex: graphs.append(gm) or gm.forward)
     with torch.no_grad():
         torch.compile(model, backend=backend)(torch.randn(1, 3, 4, 4))
-    assert not any(n.target is upsample_nearest for n in graphs[0].graph.nodes)
+    assert not any(n.target in ("expand", "index_select") for n in graphs[0].graph.nodes)
 
 
 def test_planning_for_an_absent_device_says_what_to_do():
@@ -272,7 +390,7 @@ def test_planning_for_an_absent_device_says_what_to_do():
         transform(nn.Upsample(scale_factor=2), dtype=torch.bfloat16, device="cuda")
     gm = transform(nn.Upsample(scale_factor=2), dtype=torch.bfloat16, device="cuda",
                    upsample="always")
-    assert any(n.target is upsample_nearest for n in gm.graph.nodes)
+    assert not upsample_calls(gm) and not upsample_left(gm)
 
 
 def test_upsample_option_is_validated():

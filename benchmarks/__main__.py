@@ -6,9 +6,12 @@
                                         # matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
+    python -m benchmarks mutants        # flip each FP32/LOW family's class, run the precision
+                                        # tests, report which flips no test catches
+                                        # (options: python -m benchmarks mutants --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,report_page,conformance}
+capture,generate,report_page,conformance,mutants}
 --help.
 """
 
@@ -25,6 +28,7 @@ from . import (
     generate,
     inference,
     loops,
+    mutants,
     plots,
     report_page,
     runtime,
@@ -72,8 +76,11 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["mutants"]:  # its own options (--families, --tests, ...)
+        return mutants.main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("what", choices=["all", "gpu"])
+    parser.add_argument("what", choices=["all", "gpu", "mutants"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

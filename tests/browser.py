@@ -1,7 +1,10 @@
 """Headless Chromium for the report tests (Debian's ``chromium`` driven by Playwright).
 
-Without a browser the tests that need one skip, unless ``AMPREWRITE_REQUIRE_BROWSER=1`` (set by
-``.ci/run``, which installs Chromium) makes a missing browser a failure.
+Without a browser the tests that need one skip (local runs), unless
+``AMPREWRITE_REQUIRE_BROWSER=1`` makes a missing browser a failure. ``.ci/run`` sets it always,
+and stops before the tests when it cannot install Chromium. A test should check what it can
+without a browser (files written, pages served) before it asks for one, so that a skip never
+hides those checks.
 """
 
 from __future__ import annotations

@@ -53,6 +53,71 @@ def assert_classes_respected(gm: fx.GraphModule, *inputs, low: torch.dtype) -> N
             assert all(d == torch.float32 for d in ins), (node.format_node(), ins)
 
 
+# The policy's intent (DESIGN.md's precision classes), written out here rather than read from
+# the classes amprewrite painted, so that a planner that paints a family wrongly is caught:
+# matmul-like ops run low; norms, softmax, exp/log/pow, reductions and losses compute in fp32.
+LOW_FAMILIES = frozenset({"conv", "conv_transpose", "linear", "matmul",
+                          "scaled_dot_product_attention"})
+NORM_FAMILIES = frozenset({"batch_norm", "group_norm", "layer_norm", "instance_norm"})
+FP32_FAMILIES = NORM_FAMILIES | frozenset({
+    "rms_norm", "softmax", "log_softmax", "softmin", "logsumexp", "exp", "expm1", "log",
+    "log1p", "pow", "reciprocal", "rsqrt", "trig", "sum", "mean", "var", "prod", "cumsum",
+    "norm", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits"})
+# The two rules of the policy that run a LOW family in fp32 (reasons written by paint_precision):
+# the first matmul-like op of a position cone, and an op with no low kernel on the device.
+_LOW_EXEMPT = ("position cone", "fp32 island")
+
+
+def _computes_fp32(node: fx.Node, ins: list[torch.dtype], family: str) -> bool:
+    if all(d == torch.float32 for d in ins):
+        return True
+    if node.kwargs.get("dtype") == torch.float32:  # softmax/sum(..., dtype=float32)
+        return True
+    # A norm kernel given a low input with fp32 weight and statistics accumulates in fp32
+    # (DESIGN.md, "compute dtype is not storage dtype").
+    return family in NORM_FAMILIES and all(d == torch.float32 for d in ins[1:]) and len(ins) > 1
+
+
+def assert_policy_intent(gm: fx.GraphModule, *inputs, low: torch.dtype,
+                         expect: dict[str, str] | None = None, keep_fp32=(),
+                         allow_low=()) -> dict[str, set[str]]:
+    """The graph runs what the policy says, whatever amprewrite's own classes say: every node of
+    a LOW family got only ``low`` float inputs, every node of an FP32 family computed in fp32.
+
+    ``keep_fp32``/``allow_low`` are the family names the caller overrode (a family kept fp32
+    must compute in fp32; an FP32 family allowed low is not checked). ``expect`` maps family
+    names to "low" or "fp32" that must each have run at least once, so that a graph without
+    the op cannot pass vacuously. Returns {"low": families seen low, "fp32": ... fp32}."""
+    seen = runtime_dtypes(gm, *inputs)
+    want_low = LOW_FAMILIES - set(keep_fp32)
+    want_fp32 = (FP32_FAMILIES - set(allow_low)) | set(keep_fp32)
+    ran: dict[str, set[str]] = {"low": set(), "fp32": set()}
+    for node in gm.graph.nodes:
+        family = node.meta.get(M.FAMILY)
+        if family is None or M.CAST in node.meta or node.name not in seen:
+            continue
+        ins, _ = seen[node.name]
+        if node.op == "call_module":  # a module call also reads its own weights and buffers
+            module = gm.get_submodule(str(node.target))
+            ins = [*ins, *(t.dtype for t in (*module.parameters(recurse=False),
+                                             *module.buffers(recurse=False))
+                           if t.is_floating_point())]
+        if not ins:
+            continue
+        if family in want_low and not str(node.meta.get(M.REASON, "")).startswith(_LOW_EXEMPT):
+            assert all(d == low for d in ins), (
+                f"{family} should run in {low}: {node.format_node()} got {ins}")
+            ran["low"].add(family)
+        elif family in want_fp32:
+            assert _computes_fp32(node, ins, family), (
+                f"{family} should compute in fp32: {node.format_node()} got {ins}")
+            ran["fp32"].add(family)
+    for family, where in (expect or {}).items():
+        assert family in ran[where], f"no {family} node ran in {where} (ran: {ran})"
+    return ran
+
+
 def casts(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in gm.graph.nodes if M.CAST in n.meta]
 

@@ -9,7 +9,7 @@ import torch
 from torch import fx, nn
 
 import amprewrite
-from amprewrite import CaptureError, ModelError, PolicyError
+from amprewrite import CaptureError, ModelError, PolicyError, ShapeError
 
 from .helpers import graph_signature, unchanged
 
@@ -188,6 +188,88 @@ def test_torchscript_module():
 
 def test_data_parallel_wrapper():
     _check(nn.DataParallel(mlp()), ModelError, r"transform the module it wraps \(model.module\)")
+
+
+class ChangesShapeInPlace(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+        self.op = op
+
+    def forward(self, x):
+        y = self.l(x)
+        if self.op == "t_":
+            y.t_()
+        elif self.op == "resize_":
+            y.resize_(8)
+        else:
+            y.set_(torch.zeros(2, 4))
+        return y * 2
+
+
+@pytest.mark.parametrize("op", ["t_", "resize_", "set_"])
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_in_place_write_that_changes_shape(op, inputs):
+    if inputs is not None and op == "resize_":  # dynamo itself refuses resize_
+        msg = _check(ChangesShapeInPlace(op), CaptureError, "dynamo could not capture",
+                     example_inputs=inputs)
+        assert "resize_" in msg
+        return
+    msg = _check(ChangesShapeInPlace(op), ModelError, f"in-place write .*{op}",
+                 example_inputs=inputs)
+    assert "changes the tensor's shape or storage" in msg and "test_bad_inputs.py:" in msg
+
+
+class WritesBroadcastView(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.l(x)
+        a, b = torch.broadcast_tensors(h, x)
+        a.mul_(2)  # writes h through a view amprewrite cannot replay
+        return h + b
+
+
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_in_place_write_through_a_view_that_cannot_be_replayed(inputs):
+    msg = _check(WritesBroadcastView(), ModelError, "a view amprewrite cannot replay",
+                 example_inputs=inputs)
+    assert "test_bad_inputs.py:" in msg
+
+
+def test_distributed_data_parallel_wrapper(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(mlp())
+        _check(ddp, ModelError, r"transform the module it wraps \(model.module\)")
+    finally:
+        dist.destroy_process_group()
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x, k: float):
+        return self.l(x) * k
+
+
+def test_graph_stops_after_8_other_shapes():
+    """A non-tensor argument that changes on every call: dynamo bakes it into the graph, so each
+    value needs a graph of its own; after 8, a ShapeError says what changed."""
+    gm = amprewrite.transform(Scaled(), example_inputs=(X, 1.0))
+    for k in range(8):
+        gm(X, 2.0 + k)
+    with pytest.raises(ShapeError, match="transformed for 8 other input shapes already") as info:
+        gm(X, 10.0)
+    assert "input 'k' was captured as the constant 1.0" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 def test_params_low_graph_cannot_be_transformed_again():

@@ -17,19 +17,28 @@ import amprewrite
 from amprewrite import AmpRewriteError, PassError, PolicyError
 
 from .fuzz import OPS, inputs, programs
-from .helpers import assert_classes_respected, graph_signature, unchanged
+from .helpers import assert_classes_respected, assert_policy_intent, graph_signature, unchanged
 
 EXAMPLES = int(os.environ.get("AMPREWRITE_FUZZ_EXAMPLES", "0"))
 FUZZ = settings(max_examples=EXAMPLES or 60, derandomize=not EXAMPLES, deadline=None,
                 database=None, suppress_health_check=list(HealthCheck))
 
-# Error metric: max |out - ref| / max(1, max |ref|) against the fp32 model. Ops keep values O(1),
-# so this is usually the error of a few roundings (at most 0.011 for bf16 over 1,000 examples).
-# Some programs are ill-conditioned: a 5,000-example run found attention on inputs of scale 0.1
-# (nearly constant rows) followed by GroupNorm, which amplifies the rounding of the bf16 matmul
-# to 0.07 -- and torch.autocast's error on it is the same. So the bound is the larger of TOL and
-# what autocast reaches on the same program and inputs (x 1.5 + 1e-3).
-TOL = {torch.bfloat16: 0.05, torch.float16: 0.01}
+# Error metric: max |out - ref| / max(1, max |ref|) against the fp32 model, for amprewrite and for
+# torch.autocast on the same program and inputs: amprewrite's error must be at most RATIO x
+# autocast's plus SLACK, one rounding of a unit value (2**-8 in bf16, 2**-11 in fp16): the two
+# round in different places (softmax in fp32 with its output rounded for the next matmul,
+# against softmax in bf16), so on one program either may be the larger by about that much.
+# Measured (torch 2.13 CPU): on the 60 CI examples amprewrite's error never exceeded autocast's
+# (largest 0.0051 bf16, 0.00023 fp16). Over 1,000 random examples (725 bf16, 165 fp16 valid):
+# largest bf16 excess over 1.1x autocast's 0.0012 (attention then topk on inputs of scale ~5:
+# 0.0053 against autocast's 0.0038), fp16 none (at most 1.03x autocast's). Ill-conditioned
+# programs (attention on nearly constant rows, then GroupNorm: 0.07 for both) pass because the
+# bound follows autocast. The bound cannot tell a graph that runs softmax/norms in their inputs'
+# precision from autocast (CPU autocast does just that: on the 60 CI examples such a graph had
+# autocast's error exactly), nor an fp32-everywhere graph (error 0): assert_policy_intent
+# catches both.
+RATIO = 1.1
+SLACK = {torch.bfloat16: 2**-8, torch.float16: 2**-11}
 
 SELECTABLE = ["softmax", "layer_norm", "linear", "exp", "log", "matmul", "conv", "group_norm",
               "batch_norm", "sum", "mean", "cumsum", "trig", "interpolate", "embedding",
@@ -89,6 +98,9 @@ def test_transform_properties(model, example, policy, dynamo):
     gm.graph.lint()
     dtype = policy["dtype"]
     assert_classes_respected(gm, *example, low=dtype)  # LOW ops in dtype, FP32 ops in fp32
+    # ... and those classes are the policy's: matmul-like ops low, norms/softmax/... fp32.
+    assert_policy_intent(gm, *example, low=dtype, keep_fp32=policy["keep_fp32"],
+                         allow_low=policy["allow_low"])
     with torch.no_grad():
         out, ref = gm(*example), model(*example)
         with torch.autocast("cpu", dtype=dtype):
@@ -102,7 +114,8 @@ def test_transform_properties(model, example, policy, dynamo):
             # dtype's limit, not a rewrite bug, only when autocast overflows at the same places.
             event("non-finite where autocast is non-finite too")
             assert (~torch.isfinite(a))[new].all(), "new non-finite values autocast does not have"
-    assert _err(out, ref) <= max(TOL[dtype], 1.5 * _err(auto, ref) + 1e-3)
+    err, err_auto = _err(out, ref), _err(auto, ref)
+    assert err <= RATIO * err_auto + SLACK[dtype], (err, err_auto)
     if policy["params"] == "fp32":
         again = amprewrite.transform(gm, example_inputs=example if dynamo else None, **policy)
         assert graph_signature(again) == graph_signature(gm)  # idempotent
@@ -119,4 +132,7 @@ def test_found_by_fuzzing_cat_of_chunks_of_an_input_is_float():
     gm = amprewrite.transform(model, dtype=torch.bfloat16)
     assert_classes_respected(gm, x, ids, low=torch.bfloat16)
     with torch.no_grad():
-        assert _err(gm(x, ids), model(x, ids)) < TOL[torch.bfloat16]
+        out, ref = gm(x, ids), model(x, ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = model(x, ids)
+    assert _err(out, ref) <= RATIO * _err(auto, ref) + SLACK[torch.bfloat16]

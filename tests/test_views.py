@@ -10,7 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlencode, urlparse
 
 import pytest
 import torch
@@ -187,6 +189,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        assert response.status == 200, url
+        return response.read().decode()
+
+
+def _check_served(url: str, out: Path, n_after: int, cast_bytes: float) -> None:
+    base = url.split("/?", 1)[0]
+    assert _get(base + "/check_health") == "model_explorer_ok"
+    assert "<html" in _get(base + "/").lower()  # the Model Explorer app itself
+    data = json.loads(unquote(parse_qs(urlparse(url).query)["data"][0]))
+
+    def served(path: str) -> dict:
+        reply = json.loads(_get(base + "/api/v1/read_text_file?" + urlencode({"path": path})))
+        assert "error" not in reply, reply
+        return json.loads(reply["content"])
+
+    (model,) = data["models"]
+    assert Path(model["url"]) == out / "amprewrite_graphs.json"
+    graphs = served(model["url"])
+    assert [g["id"] for g in graphs["graphs"]] == ["before", "after"]
+    assert len(graphs["graphs"][1]["nodes"]) == n_after
+    assert [p["selectedGraphId"] for p in data["uiState"]["paneStates"]] == ["after", "before"]
+    overlays = {Path(p).name: served(p) for p in data["nodeData"]}
+    assert set(overlays) == {"precision.json", "casts_bytes.json", "error_vs_fp32.json"}
+    casts = overlays["casts_bytes.json"]["after"]["results"]
+    assert sum(r["value"] for r in casts.values()) == cast_bytes
+
+
 def test_explore_serves_model_explorer_with_both_graphs_and_overlays(tmp_path):
     pytest.importorskip("model_explorer")
     port = _free_port()
@@ -209,6 +240,9 @@ def test_explore_serves_model_explorer_with_both_graphs_and_overlays(tmp_path):
                       ["graphs"][1]["nodes"])
         cast_bytes = sum(r["value"] for r in json.loads(
             (tmp_path / "casts_bytes.json").read_text())["after"]["results"].values())
+        # What the server hands the page, checked over HTTP before the browser part (which
+        # skips where no Chromium can start): the app, the two graphs and every overlay.
+        _check_served(url, tmp_path, n_after, cast_bytes)
         with browser.page(1500, 950) as pg:
             pg.goto(url)
             pg.wait_for_function(

@@ -1,11 +1,20 @@
-"""EffectivePyTorch's mixed-precision example: learn a checkerboard from grid coordinates."""
+"""EffectivePyTorch's mixed-precision example: learn a checkerboard from grid coordinates.
+
+``train`` returns the loss of every step, so a test can compare whole loss curves; the model
+computes its own loss (``WithLoss``), so the MSE is part of the graph amprewrite transforms and
+its precision can be checked like any other op's.
+"""
 
 from __future__ import annotations
 
 import contextlib
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+VARIANTS = ("fp32", "autocast_bf16", "transform_bf16", "backend_bf16", "compile_amprewrite",
+            "transform_fp16_scaler", "autocast_fp16_scaler")
 
 
 def checkerboard(size: int = 64, squares: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -27,36 +36,81 @@ def net(width: int = 256) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def train(variant: str, steps: int = 300, seed: int = 0, width: int = 256) -> float:
-    """Train one variant; return the final MSE loss (evaluated in fp32 arithmetic on outputs)."""
+class WithLoss(nn.Module):
+    """The network and its MSE loss in one forward."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.net = net(width)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.net(x).float(), target)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train(variant: str, steps: int = 300, seed: int = 0, width: int = 256, size: int = 64,
+          lr: float = 1e-3, graphs: list | None = None, threads: int | None = None
+          ) -> list[float]:
+    """Train one variant with Adam; return the loss of every step.
+
+    ``graphs``, if given, receives (graph, example inputs) of what amprewrite built, for a
+    test to check the precision each op ran in. ``threads`` sets torch's intra-op threads
+    for the run (a small configuration runs fastest on one: its kernels are too small to
+    split, and on a busy machine a second thread only spins)."""
+    if variant not in VARIANTS:
+        raise ValueError(variant)
+    with _threads(threads):
+        return _train(variant, steps, seed, width, size, lr, graphs)
+
+
+def _train(variant, steps, seed, width, size, lr, graphs) -> list[float]:
     import amprewrite
 
     torch.manual_seed(seed)
-    model = net(width)
-    x, target = checkerboard()
+    model = WithLoss(width)
+    x, target = checkerboard(size)
     run: nn.Module = model
     autocast = contextlib.nullcontext
     scaler = None
-    if variant == "autocast_bf16":
+    low = torch.float16 if "fp16" in variant else torch.bfloat16
+    if variant.startswith("autocast"):
         def autocast():
-            return torch.autocast("cpu", dtype=torch.bfloat16)
-    elif variant == "transform_bf16":
-        run = amprewrite.transform(model, dtype=torch.bfloat16)
-    elif variant == "transform_fp16_scaler":
-        run = amprewrite.transform(model, dtype=torch.float16)
-        scaler = torch.amp.GradScaler("cpu")
-    elif variant == "compile_amprewrite":
+            return torch.autocast("cpu", dtype=low)
+    elif variant.startswith("transform"):
+        run = amprewrite.transform(model, dtype=low)
+        if graphs is not None:
+            graphs.append((run, (x, target)))
+    elif variant == "backend_bf16":  # the backend, its graph kept, compiled by aot_eager
+        from torch._dynamo.backends.registry import lookup_backend
+
+        def inner(gm, example_inputs):
+            if graphs is not None:
+                graphs.append((gm, tuple(example_inputs)))
+            return lookup_backend("aot_eager")(gm, example_inputs)
+
+        torch._dynamo.reset()
+        run = torch.compile(model, backend=amprewrite.backend(dtype=low, inner=inner))
+    elif variant == "compile_amprewrite":  # the registered backend with its defaults (inductor)
+        torch._dynamo.reset()
         run = torch.compile(model, backend="amprewrite")
-    elif variant != "fp32":
-        raise ValueError(variant)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = nn.MSELoss()
-    loss = torch.tensor(float("nan"))
+    if variant.endswith("scaler"):
+        scaler = torch.amp.GradScaler("cpu")
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         with autocast():
-            out = run(x)
-        loss = loss_fn(out.float(), target)
+            loss = run(x, target)
         if scaler is not None:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -64,4 +118,5 @@ def train(variant: str, steps: int = 300, seed: int = 0, width: int = 256) -> fl
         else:
             loss.backward()
             opt.step()
-    return float(loss.detach())
+        losses.append(float(loss.detach()))
+    return losses

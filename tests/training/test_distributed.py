@@ -1,6 +1,7 @@
 """DistributedDataParallel over a transformed model: 2 gloo processes on this machine."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -47,7 +48,15 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 def test_ddp_two_processes_match_each_other_and_single_process(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ctx = mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+                   join=False)
+    deadline = time.monotonic() + 240  # a rank that dies before the rendezvous leaves the
+    while not ctx.join(timeout=5):     # other waiting forever: fail instead of hanging CI
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.terminate()
+            pytest.fail("DDP workers did not finish in 240 s; exit codes "
+                        f"{[p.exitcode for p in ctx.processes]}")
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     for k in r0:
         assert torch.equal(r0[k], r1[k]), k  # DDP keeps replicas identical

@@ -45,7 +45,14 @@ def _input(name: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", list(_models()))
 @pytest.mark.parametrize("method", ["symbolic_trace", "dynamo"])
-def test_parametrized_module_transforms_and_matches_fp32(name, method):
+def test_parametrized_module_transforms_and_matches_fp32(name, method, request):
+    if method == "symbolic_trace" and name == "weight_norm_conv":
+        # No probe, no trust: without example inputs the grouped conv's weight is computed in
+        # the graph, its shape unknown, and no guessed input runs it even in fp32, so it is an
+        # fp32 island with a report note (allow_low overrides). Strict: a probe that learns
+        # this case makes it pass, and then this mark must go.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="probe cannot rebuild the "
+                                              "computed grouped-conv weight's shape"))
     model = _models()[name].eval()
     x = _input(name)
     example = (x,) if method == "dynamo" else None

@@ -196,3 +196,33 @@ def prepared(model, last: str, example_inputs=None, **options):
 def rewrites(gm, pass_name: str) -> list:
     """The report's rewrites made by one pass."""
     return [r for r in gm.meta["amprewrite_report"].rewrites if r.pass_name == pass_name]
+
+
+def corrupt_a_linear(monkeypatch, last: bool = False) -> list[str]:
+    """Append a deliberately broken rewrite to the pipeline: the first (or last) linear's output
+    is off by 50%. Returns the list the broken node's name is put in, for the message checks."""
+    import torch.nn.functional as F
+
+    import amprewrite.api as api
+    from amprewrite.passes.base import Kind, Pass
+
+    corrupted: list[str] = []
+
+    def bad_linear(x, w, b=None):
+        return F.linear(x, w, b) * 1.5
+
+    class CorruptLinear(Pass):
+        name, kind = "corrupt", Kind.REWRITE
+
+        def run(self, gm):
+            nodes = list(gm.graph.nodes)
+            for node in reversed(nodes) if last else nodes:
+                if node.target in (F.linear, torch._C._nn.linear):
+                    node.target = bad_linear
+                    corrupted.append(node.name)
+                    return True
+            return False
+
+    real = api.pipeline
+    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy), CorruptLinear(policy)])
+    return corrupted

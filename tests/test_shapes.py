@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import amprewrite
 from amprewrite import ShapeError, VerificationError
 from amprewrite.numerics import rel_err
-from amprewrite.passes import Kind, Pass
 from amprewrite.testing import zoo
 
-from .helpers import unchanged
+from .helpers import corrupt_a_linear, unchanged
 
 
 def _autocast_err(model, ref, *args):
@@ -131,28 +129,8 @@ class Attention(nn.Module):
         return torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2), -1)
 
 
-class CorruptLinear(Pass):
-    """A deliberately broken rewrite: the first linear's output is off by 50%."""
-
-    name, kind = "corrupt", Kind.REWRITE
-
-    def run(self, gm):
-        for node in gm.graph.nodes:
-            if node.target in (F.linear, torch._C._nn.linear):
-                node.target = _bad_linear
-                return True
-        return False
-
-
-def _bad_linear(x, w, b=None):
-    return F.linear(x, w, b) * 1.5
-
-
 def test_broken_graph_raises_verification_error_naming_the_node(monkeypatch):
-    import amprewrite.api as api
-
-    real = api.pipeline
-    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy), CorruptLinear(policy)])
+    corrupt_a_linear(monkeypatch)
     model = Attention().eval()
     with unchanged(model), pytest.raises(VerificationError) as err:
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),))

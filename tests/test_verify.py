@@ -20,9 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import amprewrite
 from amprewrite import NotVerifiedWarning, VerificationError
 from amprewrite.numerics import _DropoutMasksInFp32, check_numerics, verify_bound, verify_graph
-from amprewrite.passes import Kind, Pass
 
-from .helpers import unchanged
+from .helpers import corrupt_a_linear, unchanged
 
 
 def _net() -> nn.Module:
@@ -168,36 +167,14 @@ def test_a_model_writing_its_input_is_checked_on_the_inputs_as_given():
     assert errors["error"] < 2e-2, errors
 
 
-class _CorruptLinear(Pass):
-    """A deliberately broken rewrite: the last linear's output is off by 50% (the first one's
-    error BatchNorm would normalise away)."""
-
-    name, kind = "corrupt", Kind.REWRITE
-    corrupted: list[str] = []  # the node it broke, for the test to look for in the message
-
-    def run(self, gm):
-        for node in reversed(gm.graph.nodes):
-            if node.target in (F.linear, torch._C._nn.linear):
-                node.target = _bad_linear
-                self.corrupted.append(node.name)
-                return True
-        return False
-
-
-def _bad_linear(x, w, b=None):
-    return F.linear(x, w, b) * 1.5
-
-
 def test_wrong_graph_in_train_mode_raises_and_leaves_the_model_as_it_was(monkeypatch):
-    import amprewrite.api as api
-
-    real = api.pipeline
-    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy), _CorruptLinear(policy)])
+    # The last linear: BatchNorm would normalise the first one's error away.
+    corrupted = corrupt_a_linear(monkeypatch, last=True)
     model = _net()
     stats = _buffers(model)
     with unchanged(model), pytest.raises(VerificationError) as err:
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(64, 16),))
-    assert f"first node that departs from fp32 is '{_CorruptLinear.corrupted[-1]}'" in str(
+    assert f"first node that departs from fp32 is '{corrupted[-1]}'" in str(
         err.value)
     for name, value in model.named_buffers():
         assert torch.equal(value, stats[name]), name

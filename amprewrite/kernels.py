@@ -191,6 +191,9 @@ class _Template:
         self.rebuilt: set[fx.Node] = set()  # tensors recomputed from sizes (_from_sizes)
         self.key: object = None
         self.fine: object = None
+        # Probe floats lie in [low, low + 1): (0.5, 1.5) has no zero to divide by; (0, 1) is
+        # tried when no candidate ran even in fp32 (probabilities: binary_cross_entropy).
+        self.floats: float = 0.5
 
     @staticmethod
     def of(node: fx.Node) -> _Template:
@@ -335,6 +338,12 @@ class _Template:
         for r in ranks:
             add([tuple(1 if d == 1 else _SIDE for d in s) if s is not None else (_SIDE,) * r
                  for s in shapes])
+        # A per-row target or weight last, one rank lower (cosine_embedding_loss(a, b, y)).
+        if len(shapes) >= 2 and shapes[-1] is None:
+            for r in ranks:
+                if r >= 2:
+                    add([fit(s) if s is not None else (_SIDE,) * r for s in shapes[:-1]]
+                        + [(_SIDE,) * (r - 1)])
         # The op's constant sizes as the shape (view(-1, 784), expand(4, 8), the 8-d expand of
         # an inlined nearest upsample).
         if 0 < len(self.ints) <= 8:
@@ -356,12 +365,12 @@ class _Template:
         return out
 
     def build(self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: str,
-              seed: int = 0) -> tuple[tuple, dict, list[torch.Tensor]]:
-        g = torch.Generator().manual_seed(seed)
+              grad: bool = True) -> tuple[tuple, dict, list[torch.Tensor]]:
+        g = torch.Generator().manual_seed(0)
         made: list[torch.Tensor] = []
         for i, ((orig, _), shape) in enumerate(zip(self.tensors, shapes)):
             orig = torch.int64 if i in self.as_int else orig
-            made.append(_tensor(orig, shape, dtype, device, g, grad=True))
+            made.append(_tensor(orig, shape, dtype, device, g, grad=grad, low=self.floats))
         env: dict[fx.Node, object] = {n: made[i] for n, i in self.slot_of.items()}
 
         def rebuild(n: fx.Node) -> object:
@@ -376,7 +385,8 @@ class _Template:
                 if shape is None or math.prod(shape) > _LARGE:
                     shape = shapes[0] if i.shape is None or len(i.shape) == len(shapes[0]) \
                         else (_SIDE,) * len(i.shape)
-                value: object = _tensor(i.dtype, shape, torch.float32, device, g, grad=False)
+                value: object = _tensor(i.dtype, shape, torch.float32, device, g, grad=False,
+                                        low=self.floats)
             elif (hint := _hint(n)) is not _UNKNOWN:
                 value = hint
             else:
@@ -401,10 +411,10 @@ class _Template:
 
 
 def _tensor(orig: torch.dtype | None, shape: tuple[int, ...], dtype: torch.dtype, device: str,
-            g: torch.Generator, grad: bool) -> torch.Tensor:
-    """A probe tensor: floats in [0.5, 1.5) (no zero to divide by), indices 0 or 1."""
+            g: torch.Generator, grad: bool, low: float = 0.5) -> torch.Tensor:
+    """A probe tensor: floats in [low, low + 1), indices 0 or 1."""
     if orig is None or orig.is_floating_point:
-        t = (torch.rand(shape, generator=g) + 0.5).to(device=device, dtype=dtype)
+        t = (torch.rand(shape, generator=g) + low).to(device=device, dtype=dtype)
         return t.requires_grad_(grad)
     if orig == torch.bool:
         return torch.rand(shape, generator=g).gt(0.5).to(device)
@@ -429,7 +439,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: bool):
-    args, kwargs, leaves = template.build(shapes, dtype, device)
+    # Without a backward the tensors don't require grad: an argument that can't
+    # (soft_margin_loss's target) then raises nothing.
+    args, kwargs, leaves = template.build(shapes, dtype, device, grad=backward)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         out = fn(*args, **kwargs)
@@ -456,10 +468,12 @@ def _probe(fn: Callable, template: _Template, dtype: torch.dtype, device: str,
     unknown = [i for i, (d, _) in enumerate(template.tensors) if d is None][:3]
     tries = [(frozenset(), shapes) for shapes in candidates] + [
         (frozenset((i,)), shapes) for i in unknown for shapes in candidates]
+    # Then every try again with floats in [0, 1) (an op that takes probabilities).
+    tries = [(0.5, *t) for t in tries] + [(0.0, *t) for t in tries]
     first: str | None = None
     with disable_modes(), torch.enable_grad():
-        for as_int, shapes in tries:
-            template.as_int = as_int
+        for floats, as_int, shapes in tries:
+            template.as_int, template.floats = as_int, floats
             try:
                 ref, ref_grads = _run(fn, template, shapes, torch.float32, device, True)
             except Exception as exc:

@@ -321,12 +321,15 @@ def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:
         else:
             precision = {"placeholder": "input", "get_attr": "param", "output": "output"}.get(
                 node.op, "nonfloat")
-        dtype = None if label is None else str(torch.float32 if label == M.HIGH else policy.dtype)
+        storage = None if label is None else str(torch.float32 if label == M.HIGH
+                                                  else policy.dtype)
+        # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
+        dtype = str(torch.float32) if storage and cls == Precision.FP32 else storage
         target = node.target if isinstance(node.target, str) else getattr(
             node.target, "__name__", str(node.target))
         out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
                             node.meta.get(M.FAMILY), precision, dtype,
-                            node.meta.get(M.REASON, ""), M.source_line(node)))
+                            node.meta.get(M.REASON, ""), M.source_line(node), storage))
     return out
 
 

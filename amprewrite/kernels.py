@@ -29,6 +29,7 @@ node runs in fp32 (:data:`NOT_CONFIRMED` starts the reason); ``allow_low`` overr
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -38,9 +39,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 from . import meta as M
-from .ops import Family
+from .ops import Family, Mixed
 
-__all__ = ["NOT_CONFIRMED", "disable_modes", "low_kernel_problem"]
+__all__ = ["NOT_CONFIRMED", "disable_modes", "low_kernel_problem", "mixed_problem"]
 
 # Starts the problem of a node whose low kernel no probe could run: paint_precision makes it an
 # fp32 island unless allow_low names it, and writes one report note per op.
@@ -126,6 +127,136 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
 _CACHE: dict[tuple, str | None] = {}
 
 
+def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: torch.device,
+                  module: torch.nn.Module | None = None) -> str | None:
+    """Why ``node``'s kernel cannot take ``signature`` (:class:`amprewrite.ops.Mixed`) with its
+    data input (first argument) in ``dtype`` on ``device``; None when a probe confirmed it.
+
+    The probe runs the op twice on the same values, forward and backward: all fp32, then with
+    the data input in ``dtype`` (other tensors fp32; ``dtype=torch.float32`` added for
+    ``DTYPE_ARG``). Confirmed when the output has the signature's dtype (the input's for
+    ``LOW_IO``, fp32 for ``DTYPE_ARG``) and equals the fp32 result (``LOW_IO``: rounded once to
+    ``dtype``, at most one unit in the last place apart; ``DTYPE_ARG``: within 1e-5), and the
+    data input's gradient is within the dtype's rounding of the fp32 one. The data input has a
+    large mean, so a kernel that accumulates in ``dtype`` fails. A module is called on a copy
+    (its running statistics stay as they are).
+
+    >>> import torch
+    >>> from torch import fx
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> n = g.call_function(torch.nn.functional.layer_norm, (x, (4,)))
+    >>> mixed_problem(n, Mixed.LOW_IO, torch.bfloat16, torch.device("cpu")) is None
+    True
+    >>> n = g.call_function(torch.exp, (x,))
+    >>> mixed_problem(n, Mixed.DTYPE_ARG, torch.bfloat16, torch.device("cpu"))[:40]
+    'dtype_arg signature not taken on cpu (ex'
+    """
+    if node.op == "call_module":
+        if module is None:
+            return "no module to probe"
+        what: object = (type(module), repr(module), module.training)
+
+        def fn(*args, **kwargs):
+            return copy.deepcopy(module)(*args, **kwargs)
+    elif node.op in ("call_function", "call_method"):
+        what = node.target if node.op == "call_method" else id(node.target)
+        fn = _call(node.op, node.target)
+    else:
+        return "not an op"
+    first = node.args[0] if node.args else None
+    template = _Template.of(node)
+    if module is not None:  # its parameters' sizes fit guessed shapes (BatchNorm2d(8): C = 8)
+        template.consts |= {int(d) for t in (*module.parameters(), *module.buffers())
+                            for d in t.shape if d > 1}
+    if not isinstance(first, fx.Node) or template.slot_of.get(first) != 0:
+        return "its first argument is not a tensor"
+    key = ("mixed", signature, node.op, what, str(dtype), device.type, template.key)
+    fine = (key, template.fine)
+    try:
+        for k in (key, fine):
+            if k in _CACHE:
+                return _CACHE[k]
+    except TypeError:
+        return _probe_mixed(fn, template, signature, dtype, device.type)
+    found = _probe_mixed(fn, template, signature, dtype, device.type)
+    _CACHE[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
+    return found
+
+
+def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: torch.dtype,
+                 device: str) -> str | None:
+    data = 0  # the data input: the first argument, the first slot and the first float leaf
+    if template.problem is not None:
+        return f"{NOT_CONFIRMED}: {template.problem}"
+    name = f"{signature.value} signature"
+    want = dtype if signature is Mixed.LOW_IO else torch.float32
+    call = fn
+    if signature is Mixed.DTYPE_ARG:
+        def call(*args, **kwargs):
+            return fn(*args, **{**kwargs, "dtype": torch.float32})
+
+    def island(*args, **kwargs):  # what the plan builds without the signature
+        return pytree.tree_map(lambda t: t.to(want) if isinstance(t, torch.Tensor)
+                               and t.is_floating_point() else t, fn(*args, **kwargs))
+
+    eps = torch.finfo(dtype).eps
+    template.slot_floats = {data: 64.0}
+    try:
+        with disable_modes(), torch.enable_grad():
+            for shapes in template.candidates():
+                template.slot_dtype = {}
+                try:
+                    _run(fn, template, shapes, torch.float32, device, False)
+                except Exception:
+                    continue  # not a valid call even in fp32: the next candidate
+                # The same values twice: the low data input upcast (an fp32 copy), and as is.
+                template.slot_dtype = {data: dtype}
+                try:
+                    template.upcast = {data}
+                    ref, ref_grads = _run(island, template, shapes, torch.float32, device, True)
+                    template.upcast = set()
+                    out, grads = _run(call, template, shapes, torch.float32, device, True)
+                except Exception as exc:
+                    return f"{name} not taken on {device} ({_first_line(exc)})"
+                finally:
+                    template.upcast = set()
+                if not ref:
+                    continue
+                if len(out) != len(ref) or any(o.dtype != want for o in out):
+                    got = sorted({str(o.dtype).replace("torch.", "") for o in out})
+                    return f"{name}: the kernel on {device} returns {', '.join(got)}"
+                # Measured on CPU: with fp32 weights the norms are bit-equal to the island or
+                # within 0.05 eps; a norm without fp32 weights computes in the low dtype
+                # (batch_norm without affine or running stats: 0.3-1.5 eps at these inputs).
+                problem = _differs(out, ref, eps / 8 if signature is Mixed.LOW_IO else 1e-5,
+                                   f"{name}: the kernel on {device}")
+                g, r = (grads or (None,))[data], (ref_grads or (None,))[data]
+                if problem is None and r is not None:
+                    if g is None:
+                        return f"{name}: no backward on {device} (probed)"
+                    problem = _differs([g], [r.to(g.dtype)], eps / 4,
+                                       f"{name}: the backward on {device}")
+                return problem
+    finally:
+        template.slot_dtype, template.slot_floats = {}, {}
+    return f"{NOT_CONFIRMED}: none of the probe inputs ran even in float32 ({name})"
+
+
+def _differs(out: list[torch.Tensor], ref: list[torch.Tensor], bound: float, what: str
+             ) -> str | None:
+    for o, r in zip(out, ref):
+        if o.shape != r.shape:
+            return f"{what} returns another shape"
+        o, r = o.detach().double(), r.detach().double()
+        if not torch.isfinite(o).all() and torch.isfinite(r).all():
+            return f"{what} returns non-finite values (probed)"
+        err = float((o - r).norm() / r.norm().clamp_min(1e-30))
+        if err > bound:
+            return (f"{what} does not compute as an fp32 copy would (probed error {err:.2g}, "
+                    f"bound {bound:.2g})")
+    return None
+
+
 class _Unreproducible(Exception):
     """A non-tensor argument the probe cannot rebuild (a graph input, a module's output)."""
 
@@ -194,6 +325,11 @@ class _Template:
         # Probe floats lie in [low, low + 1): (0.5, 1.5) has no zero to divide by; (0, 1) is
         # tried when no candidate ran even in fp32 (probabilities: binary_cross_entropy).
         self.floats: float = 0.5
+        # Per-slot dtype and float offset overrides (the mixed-signature probe: the data input
+        # low, with a large mean so that a kernel accumulating in the low dtype shows).
+        self.slot_dtype: dict[int, torch.dtype] = {}
+        self.slot_floats: dict[int, float] = {}
+        self.upcast: set[int] = set()  # slots made in their slot dtype, then copied to fp32
 
     @staticmethod
     def of(node: fx.Node) -> _Template:
@@ -370,7 +506,11 @@ class _Template:
         made: list[torch.Tensor] = []
         for i, ((orig, _), shape) in enumerate(zip(self.tensors, shapes)):
             orig = torch.int64 if i in self.as_int else orig
-            made.append(_tensor(orig, shape, dtype, device, g, grad=grad, low=self.floats))
+            t = _tensor(orig, shape, self.slot_dtype.get(i, dtype), device, g, grad=grad,
+                        low=self.slot_floats.get(i, self.floats))
+            if i in self.upcast and t.is_floating_point():
+                t = t.detach().float().requires_grad_(grad)
+            made.append(t)
         env: dict[fx.Node, object] = {n: made[i] for n, i in self.slot_of.items()}
 
         def rebuild(n: fx.Node) -> object:

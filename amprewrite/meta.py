@@ -22,6 +22,7 @@ FAMILY          paint_precision                        plan, insert_casts, repor
 CLASS           paint_precision, insert_casts          plan, insert_casts, reports
 REASON          paint_precision, insert_casts          reports
 TIED            paint_precision                        plan (never cast the tied input)
+MIXED           paint_precision (probe-confirmed)      plan, insert_casts (dtype=), reports
 NATURAL         paint_precision, insert_casts          plan
 LABEL           insert_casts (the plan), store_params  insert_casts, reports
 CAST            insert_casts                           store_params, reports, re-transforms
@@ -61,11 +62,14 @@ LABEL = "amp_label"  # Label or None: the dtype the value physically has after c
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
+# ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
+# data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").
+MIXED = "amp_mixed"
 
 # Where a node came from: what every node a pass makes inherits from the node it replaces.
 PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
 # What passes decide: dropped when a transformed graph is transformed again.
-PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY)
+PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED)
 
 
 class Label(str, enum.Enum):

@@ -40,6 +40,7 @@ from . import runtime
 __all__ = [
     "FAMILIES",
     "Family",
+    "Mixed",
     "Out",
     "Precision",
     "family_for_function",
@@ -82,6 +83,22 @@ class Out(enum.Enum):
     REAL = "real"  # the real dtype of a complex input (irfft, abs of complex)
     ITEM = "item"  # operator.getitem: an item of a sequence, or a tensor's dtype
     ATTR = "attr"  # getattr(x, name): a tensor attribute, or metadata
+
+
+class Mixed(enum.Enum):
+    """A mixed-dtype signature of an FP32 family's kernel: it reads its data input (the first
+    tensor argument) in the low dtype, without an fp32 copy, and computes in the family's
+    ``accumulate`` dtype (DESIGN.md, "Compute dtype is not storage dtype"). Upcasting a low
+    tensor is exact, so the result is what the fp32 copy would have given. A kernel probe
+    confirms the signature per device and dtype before the plan uses it
+    (:func:`amprewrite.kernels.mixed_problem`).
+    """
+
+    # Reads a low input with its fp32 parameters (weight, bias, running statistics) as they
+    # are and writes the input's dtype: batch/layer/group norm (Apex's keep_batchnorm_fp32).
+    LOW_IO = "low_io"
+    # Takes ``dtype=torch.float32``: reads a low input, writes fp32 (softmax, sum, mean).
+    DTYPE_ARG = "dtype_arg"
 
 
 # Module form: (module, input node, attribute-node maker) -> (function, args, kwargs).
@@ -128,6 +145,11 @@ class Family:
     # ``numeric=False`` then reads none. Position cones start where an integer tensor is read
     # as a number (``number_inputs``).
     values: tuple[str | int, ...] | None = None
+    # What the kernel accumulates in when it reads a low input, and the mixed-dtype signatures
+    # it accepts (:class:`Mixed`): the plan reads a low input without an fp32 copy where the
+    # kernel probe confirms one. None / (): a low input is copied to fp32 first (an island).
+    accumulate: torch.dtype | None = None
+    mixed: tuple[Mixed, ...] = ()
     # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
     # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
     op_names: tuple[str, ...] = ()
@@ -531,6 +553,13 @@ _FFT = ["fft.fft", "fft.ifft", "fft.fft2", "fft.ifft2", "fft.fftn", "fft.ifftn",
 _IFFT_REAL = ["fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", "fft.hfftn",
               "istft"]
 
+# The mixed signatures of FP32 kernels, measured on CPU for bf16 and fp16 (forward and backward:
+# the norms' output is bit-equal to the fp32 result rounded once; dtype=float32 reductions are
+# bit-equal to the fp32 copy's). The probe still confirms them per device before use: CUDA
+# layer_norm and group_norm refuse a low input with fp32 weights (benchmarks/kernel_probe.py).
+_NORM = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO,)}
+_DTYPE_ARG = {"accumulate": torch.float32, "mixed": (Mixed.DTYPE_ARG,)}
+
 _TABLE: list[Family] = [
     # LOW: matmul-like ops, where low precision pays and accumulation is fp32 inside the kernel.
     _op("linear", L, ["linear"], modules=["Linear", "LazyLinear"], needs_float=True,
@@ -556,13 +585,13 @@ _TABLE: list[Family] = [
                           "batch_norm_gather_stats_with_counts", "batch_norm_update_stats",
                           "batch_norm_backward_elemt", "batch_norm_backward_reduce"],
         modules=["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
-                 "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"]),
+                 "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"], **_NORM),
     _op("instance_norm", H, ["instance_norm"],
-        modules=["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"]),
-    _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"],
+        modules=["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"], **_NORM),
+    _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"], **_NORM,
         lower={nn.GroupNorm: lambda m, x, attr: (F.group_norm, (
             x, m.num_groups, attr("weight"), attr("bias"), m.eps), {})}),
-    _op("layer_norm", H, ["layer_norm", "native_layer_norm"], modules=["LayerNorm"],
+    _op("layer_norm", H, ["layer_norm", "native_layer_norm"], modules=["LayerNorm"], **_NORM,
         lower={nn.LayerNorm: lambda m, x, attr: (F.layer_norm, (
             x, m.normalized_shape, attr("weight"), attr("bias"), m.eps), {})}),
     _op("rms_norm", H, ["rms_norm"], modules=["RMSNorm"],
@@ -575,10 +604,10 @@ _TABLE: list[Family] = [
     _op("normalize", H, ["normalize"], out=Out.FLOAT),
     # FP32: softmax family (exp of large logits overflows; bounded output ends a position cone).
     _op("softmax", H, ["softmax", "_softmax", "gumbel_softmax"],
-        modules=["Softmax", "Softmax2d"], bounded=True, out=Out.FLOAT,
+        modules=["Softmax", "Softmax2d"], bounded=True, out=Out.FLOAT, **_DTYPE_ARG,
         lower={nn.Softmax: lambda m, x, attr: (F.softmax, (x,), {"dim": m.dim})}),
     _op("log_softmax", H, ["log_softmax", "_log_softmax"], modules=["LogSoftmax"],
-        out=Out.FLOAT,
+        out=Out.FLOAT, **_DTYPE_ARG,
         lower={nn.LogSoftmax: lambda m, x, attr: (F.log_softmax, (x,), {"dim": m.dim})}),
     _op("softmin", H, ["softmin"], modules=["Softmin"], bounded=True, out=Out.FLOAT),
     # FP32: exp/log/pow family (fp16 exp(12) is inf; log near 0 loses everything).
@@ -599,10 +628,10 @@ _TABLE: list[Family] = [
         why="steep, poles or long tails; several have no low-precision kernel"),
     # FP32: reductions (a long fp16 sum overflows or stops growing).
     _op("sum", H, ["sum", "nansum", "trace", "trapezoid", "trapz", "cumulative_trapezoid",
-                   "sum_to_size"]),
+                   "sum_to_size"], **_DTYPE_ARG),
     _op("prod", H, ["prod"]),
-    _op("cumsum", H, ["cumsum", "cumprod"]),
-    _op("mean", H, ["mean", "nanmean"], out=Out.FLOAT),
+    _op("cumsum", H, ["cumsum", "cumprod"], **_DTYPE_ARG),
+    _op("mean", H, ["mean", "nanmean"], out=Out.FLOAT, **_DTYPE_ARG),
     _op("var", H, ["var", "std", "var_mean", "std_mean", "cov", "corrcoef"], out=Out.FLOAT),
     _op("logsumexp", H, ["logsumexp", "logcumsumexp"], out=Out.FLOAT),
     _op("quantile", H, ["quantile", "nanquantile", "histc", "histogram", "histogramdd",

@@ -24,7 +24,7 @@ from torch import fx
 
 from . import meta as M
 from .meta import HIGH, LOW, info
-from .ops import Precision, reads_values
+from .ops import Mixed, Precision, reads_values
 
 __all__ = ["float_inputs", "plan_labels", "requirement"]
 
@@ -43,6 +43,11 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     if cls == Precision.LOW:
         return LOW
     if cls == Precision.FP32:
+        mixed = consumer.meta.get(M.MIXED)
+        if mixed is not None and _reads_as_data(consumer, value):
+            if mixed is Mixed.DTYPE_ARG:
+                return None  # reads either dtype: dtype=torch.float32 when it is low
+            return consumer.meta.get(M.LABEL, consumer.meta[M.NATURAL])  # LOW_IO: as stored
         return HIGH
     if cls == Precision.PROMOTE:
         return consumer.meta[M.NATURAL]
@@ -61,9 +66,21 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     return None
 
 
+def _reads_as_data(consumer: fx.Node, value: fx.Node) -> bool:
+    """Is ``value`` the data input (first argument) of a mixed-signature node?"""
+    return bool(consumer.args) and consumer.args[0] is value
+
+
+def _free_io(node: fx.Node) -> bool:
+    """A LOW_IO node on a low value: it may store its output low or fp32 (the plan's choice);
+    on an fp32 value it is fixed fp32 (rounding its input would change its arithmetic)."""
+    return node.meta.get(M.MIXED) is Mixed.LOW_IO and node.meta.get(M.NATURAL) == LOW
+
+
 def _fixed(node: fx.Node) -> str | None:
-    """The label of a node the plan may not change, or None for a free NEUTRAL node."""
-    if node.meta.get(M.CLASS) == Precision.NEUTRAL:
+    """The label of a node the plan may not change, or None for a free node (NEUTRAL, or a
+    LOW_IO node on a low value)."""
+    if node.meta.get(M.CLASS) == Precision.NEUTRAL or _free_io(node):
         return None
     return node.meta.get(M.NATURAL)
 
@@ -194,8 +211,9 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
         for c in u.users:
             if rep[c] is rep[u]:
                 continue
-            if rep[c] in free and c.meta.get(M.CLASS) == Precision.NEUTRAL and not c.meta.get(
-                    M.TIED):
+            if rep[c] in free and not c.meta.get(M.TIED) and (
+                    c.meta.get(M.CLASS) == Precision.NEUTRAL
+                    or (_free_io(c) and _reads_as_data(c, u))):
                 reqs.append(side(c))
             else:
                 r = requirement(c, u, keep_io_dtype, low_dtype)

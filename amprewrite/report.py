@@ -38,6 +38,9 @@ class Decision:
     dtype: str | None  # the dtype the node computes in, None for non-float values
     reason: str
     source: str | None = None
+    # The dtype its output is stored in: differs from ``dtype`` for an fp32 op that reads and
+    # writes the low dtype (a norm after a conv; DESIGN.md, "Compute dtype is not storage").
+    storage: str | None = None
 
 
 @dataclass
@@ -69,13 +72,17 @@ class Report:
         return out
 
     def table(self, include_nonfloat: bool = False) -> str:
-        """One line per node: name, module path, family, precision, dtype, reason."""
+        """One line per node: name, module path, family, precision, compute and storage
+        dtype (``float32->bfloat16`` where they differ), reason."""
         rows = [("node", "module", "family", "class", "dtype", "reason")]
         for d in self.decisions:
             if d.precision == "nonfloat" and not include_nonfloat:
                 continue
-            rows.append((d.node, d.module_path or "-", d.family or "-", d.precision,
-                         (d.dtype or "-").replace("torch.", ""), d.reason))
+            dtype = (d.dtype or "-").replace("torch.", "")
+            if d.storage is not None and d.storage != d.dtype:
+                dtype += "->" + d.storage.replace("torch.", "")
+            rows.append((d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
+                         d.reason))
         widths = [min(max(len(r[i]) for r in rows), 40) for i in range(5)]
         return "\n".join(
             "  ".join(c[:40].ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows

@@ -39,8 +39,20 @@ def runtime_dtypes(gm: fx.GraphModule, *inputs) -> dict[str, tuple[list[torch.dt
     return rec.seen
 
 
+def _with_module_tensors(gm: fx.GraphModule, node: fx.Node, ins: list[torch.dtype]
+                         ) -> list[torch.dtype]:
+    """A module call also reads its own weights and buffers."""
+    if node.op != "call_module":
+        return ins
+    module = gm.get_submodule(str(node.target))
+    return [*ins, *(t.dtype for t in (*module.parameters(recurse=False),
+                                      *module.buffers(recurse=False)) if t.is_floating_point())]
+
+
 def assert_classes_respected(gm: fx.GraphModule, *inputs, low: torch.dtype) -> None:
-    """Every LOW node got only ``low`` float inputs; every FP32 node only fp32 ones."""
+    """Every LOW node got only ``low`` float inputs; every FP32 node computed in fp32: only fp32
+    inputs, or a low data input through a mixed signature (a norm with fp32 weights and
+    statistics, ``dtype=torch.float32``) where the probe confirmed one."""
     seen = runtime_dtypes(gm, *inputs)
     for node in gm.graph.nodes:
         cls = node.meta.get(M.CLASS)
@@ -50,7 +62,11 @@ def assert_classes_respected(gm: fx.GraphModule, *inputs, low: torch.dtype) -> N
         if cls == Precision.LOW:
             assert ins and all(d == low for d in ins), (node.format_node(), ins)
         elif cls == Precision.FP32:
-            assert all(d == torch.float32 for d in ins), (node.format_node(), ins)
+            ins = _with_module_tensors(gm, node, ins)
+            mixed = all(d == torch.float32 for d in ins) or (
+                M.MIXED in node.meta
+                and _computes_fp32(node, ins, node.meta.get(M.FAMILY) or ""))
+            assert mixed, (node.format_node(), ins)
 
 
 # The policy's intent (DESIGN.md's precision classes), written out here rather than read from
@@ -97,12 +113,7 @@ def assert_policy_intent(gm: fx.GraphModule, *inputs, low: torch.dtype,
         family = node.meta.get(M.FAMILY)
         if family is None or M.CAST in node.meta or node.name not in seen:
             continue
-        ins, _ = seen[node.name]
-        if node.op == "call_module":  # a module call also reads its own weights and buffers
-            module = gm.get_submodule(str(node.target))
-            ins = [*ins, *(t.dtype for t in (*module.parameters(recurse=False),
-                                             *module.buffers(recurse=False))
-                           if t.is_floating_point())]
+        ins = _with_module_tensors(gm, node, seen[node.name][0])
         if not ins:
             continue
         if family in want_low and not str(node.meta.get(M.REASON, "")).startswith(_LOW_EXEMPT):

@@ -16,8 +16,8 @@ import torch
 from torch import fx
 
 from .. import meta as M
-from ..meta import HIGH, info
-from ..ops import Precision
+from ..meta import HIGH, LOW, info
+from ..ops import Mixed, Precision
 from ..plan import float_inputs, plan_labels, requirement
 from ..report import record
 from ..runtime import cast_if_float
@@ -30,8 +30,8 @@ class InsertCasts(Pass):
     """Plan the labels (:mod:`amprewrite.plan`) and realise them with cast nodes."""
 
     name, kind = "insert_casts", Kind.REWRITE
-    requires = (M.ORIG, M.CLASS, M.NATURAL, M.TIED)
-    writes = (M.LABEL, M.CAST, M.CLASS, M.NATURAL, M.FAMILY, M.REASON, M.ORIG)
+    requires = (M.ORIG, M.CLASS, M.NATURAL, M.TIED, M.MIXED)
+    writes = (M.LABEL, M.CAST, M.CLASS, M.NATURAL, M.FAMILY, M.REASON, M.ORIG, M.MIXED)
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
@@ -51,7 +51,34 @@ class InsertCasts(Pass):
                 if key not in casts:
                     casts[key] = self._cast(gm, value, need, consumer)
                 consumer.replace_input_with(value, casts[key])
-        return bool(casts)
+        changed = self._mixed(gm)
+        return bool(casts) or changed
+
+    def _mixed(self, gm: fx.GraphModule) -> bool:
+        """Mixed-signature nodes that read a low input: ``dtype=torch.float32`` on a DTYPE_ARG
+        node (softmax, sum); the reason says what a LOW_IO node (a norm) reads and stores."""
+        low = str(self.policy.dtype).replace("torch.", "")
+        changed = False
+        for node in M.each_node(gm.graph):
+            mixed = node.meta.get(M.MIXED)
+            if mixed is None:
+                continue
+            data = node.args[0]
+            if not isinstance(data, fx.Node) or data.meta.get(M.LABEL) != LOW:
+                node.meta.pop(M.MIXED)  # its input is fp32 after all: a plain fp32 op
+                continue
+            if mixed is Mixed.DTYPE_ARG:
+                node.kwargs = {**node.kwargs, "dtype": torch.float32}
+                record(gm, node, "dtype=torch.float32",
+                       f"reads its {low} input without an fp32 copy and computes in float32 "
+                       "(mixed signature confirmed by the kernel probe)")
+                changed = True
+                how = f"reads {low}, computes and writes float32"
+            else:
+                out = "float32" if node.meta.get(M.LABEL) == HIGH else low
+                how = f"reads {low} with fp32 parameters, computes in float32, writes {out}"
+            node.meta[M.REASON] = f"{node.meta.get(M.REASON, '')}; {how} (probed)"
+        return changed
 
     def _cast(self, gm: fx.GraphModule, value: fx.Node, need: str, consumer: fx.Node) -> fx.Node:
         dtype = torch.float32 if need == HIGH else self.policy.dtype

@@ -24,10 +24,11 @@ import torch
 from torch import fx
 
 from .. import meta as M
-from ..kernels import low_kernel_problem
+from ..kernels import low_kernel_problem, mixed_problem
 from ..meta import HIGH, LOW, info
 from ..ops import (
     FAMILIES,
+    Mixed,
     Precision,
     family_of,
     is_conversion,
@@ -66,16 +67,19 @@ class PaintPrecision(Pass):
 
     name, kind = "paint_precision", Kind.ANALYSIS
     requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE)
-    writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL)
+    writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED)
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
+        # FP32 nodes as the registry classed them (the reason object: nothing overrode it).
+        self._registry_fp32: dict[fx.Node, str] = {}
         for node in M.each_node(gm.graph):
             self._classify(gm, node, low)
         self._cones(gm)
         for node in M.each_node(gm.graph):
             self._override(node)
         self._probe_kernels(gm, low)
+        self._mixed(gm, low)
         self._note_unknown(gm)
         for node in M.each_node(gm.graph):
             node.meta[M.NATURAL] = self._natural(node, low)
@@ -104,6 +108,8 @@ class PaintPrecision(Pass):
             node.meta[M.TIED] = True
         elif fam is not None:
             cls, why = precision_of(node, fam, module, low)
+            if cls == Precision.FP32:
+                self._registry_fp32[node] = why
             if cls == Precision.LOW and module is not None and _own_floats(module, low):
                 # Called as a whole (hooks, kwargs, a class without a lowering): its own
                 # parameters are read inside, where no cast can reach them.
@@ -236,6 +242,38 @@ class PaintPrecision(Pass):
                       f"shapes from, or sizes the probe cannot rebuild): fp32; "
                       f"allow_low=[{shown}] to override")
 
+    def _mixed(self, gm: fx.GraphModule, low: torch.dtype) -> None:
+        """FP32 nodes whose kernel reads a low data input and computes in fp32 (a mixed
+        signature of its family, confirmed by a probe on the target device) get
+        ``meta[MIXED]``: the plan then needs no fp32 copy of that input."""
+        device = torch.device(self.policy.device or "cpu")
+        try:
+            torch.empty(1, device=device)
+        except (RuntimeError, AssertionError):
+            return  # not probed, not used (no probe, no trust)
+        for node, why in self._registry_fp32.items():
+            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
+            # Only the registry's FP32: not a position cone, a keep_fp32 or an fp32 island.
+            if (fam is None or not fam.mixed or node.meta.get(M.REASON) is not why
+                    or node.meta.get(M.CLASS) != Precision.FP32 or info(node).kind != "tensor"):
+                continue
+            data = node.args[0] if node.args else None
+            if not isinstance(data, fx.Node) or not info(data).is_float:
+                continue
+            module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+            problems = []
+            for sig in fam.mixed:
+                if sig is Mixed.DTYPE_ARG and node.kwargs.get("dtype") is not None:
+                    continue  # converts already
+                problem = mixed_problem(node, sig, low, device, module)
+                if problem is None:
+                    node.meta[M.MIXED] = sig
+                    break
+                problems.append(problem)
+            else:
+                if problems:
+                    node.meta[M.REASON] = f"{why}; reads an fp32 copy: {problems[0]}"
+
     @staticmethod
     def _note_unknown(gm: fx.GraphModule) -> None:
         unknown: dict[str, list[str]] = {}
@@ -259,6 +297,11 @@ class PaintPrecision(Pass):
             return LOW if value.float_dtype() == low else HIGH
         if cls == Precision.LOW:
             return LOW
+        if cls == Precision.FP32 and node.meta.get(M.MIXED) is Mixed.LOW_IO:
+            # Computed in fp32 from a low input, stored as its input: autocast's rule for the
+            # value (a norm after a conv is low, one on the fp32 residual stream fp32).
+            data = node.args[0]
+            return LOW if isinstance(data, fx.Node) and data.meta.get(M.NATURAL) == LOW else HIGH
         if cls == Precision.FP32:
             return HIGH
         inputs = [n.meta.get(M.NATURAL) for n in float_inputs(node)]

@@ -61,7 +61,8 @@ def test_cast_moves_after_a_shrinking_neutral_op():
 
 
 def test_cast_moves_before_a_growing_neutral_op():
-    """low conv output -> expand (neutral, 8x bigger) -> fp32 consumer: cast before expand."""
+    """low conv output -> expand (neutral, 8x bigger) -> fp32 consumer: cast before expand.
+    (exp: an FP32 op without a mixed signature, so it needs an fp32 copy of its input.)"""
 
     class Grow(nn.Module):
         def __init__(self):
@@ -70,7 +71,7 @@ def test_cast_moves_before_a_growing_neutral_op():
 
         def forward(self, x):
             y = self.conv(x)
-            return y[:, :, :, None, :, None].expand(-1, -1, -1, 2, -1, 4).sum()
+            return y[:, :, :, None, :, None].expand(-1, -1, -1, 2, -1, 4).exp()
 
     gm = transform(Grow(), dtype=torch.bfloat16, example_inputs=(torch.randn(1, 3, 8, 8),))
     (conv,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "conv"]

@@ -213,13 +213,19 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                 template.slot_dtype = {data: dtype}
                 try:
                     template.upcast = {data}
-                    ref, ref_grads = _run(island, template, shapes, torch.float32, device, True)
+                    try:
+                        ref, ref_grads = _run(island, template, shapes, torch.float32, device,
+                                              True)
+                    except Exception:
+                        template.grad_only = {data}  # a running statistic cannot take a grad
+                        ref, ref_grads = _run(island, template, shapes, torch.float32, device,
+                                              True)
                     template.upcast = set()
                     out, grads = _run(call, template, shapes, torch.float32, device, True)
                 except Exception as exc:
                     return f"{name} not taken on {device} ({_first_line(exc)})"
                 finally:
-                    template.upcast = set()
+                    template.upcast, template.grad_only = set(), None
                 if not ref:
                     continue
                 if len(out) != len(ref) or any(o.dtype != want for o in out):
@@ -230,8 +236,11 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                 # (batch_norm without affine or running stats: 0.3-1.5 eps at these inputs).
                 problem = _differs(out, ref, eps / 8 if signature is Mixed.LOW_IO else 1e-5,
                                    f"{name}: the kernel on {device}")
-                g, r = (grads or (None,))[data], (ref_grads or (None,))[data]
-                if problem is None and r is not None:
+                # Every gradient: the data input's (rounded to its dtype, as the island's cast
+                # rounds it) and the fp32 parameters' (weight and bias of a norm).
+                for g, r in zip(grads or (), ref_grads or ()):
+                    if problem is not None or r is None:
+                        continue
                     if g is None:
                         return f"{name}: no backward on {device} (probed)"
                     problem = _differs([g], [r.to(g.dtype)], eps / 4,
@@ -330,6 +339,10 @@ class _Template:
         self.slot_dtype: dict[int, torch.dtype] = {}
         self.slot_floats: dict[int, float] = {}
         self.upcast: set[int] = set()  # slots made in their slot dtype, then copied to fp32
+        # Slots that require grad in a backward probe (None: every float slot). Running
+        # statistics cannot (native_batch_norm refuses), so the mixed probe falls back to the
+        # data input alone.
+        self.grad_only: set[int] | None = None
 
     @staticmethod
     def of(node: fx.Node) -> _Template:
@@ -506,10 +519,11 @@ class _Template:
         made: list[torch.Tensor] = []
         for i, ((orig, _), shape) in enumerate(zip(self.tensors, shapes)):
             orig = torch.int64 if i in self.as_int else orig
-            t = _tensor(orig, shape, self.slot_dtype.get(i, dtype), device, g, grad=grad,
+            wants = grad and (self.grad_only is None or i in self.grad_only)
+            t = _tensor(orig, shape, self.slot_dtype.get(i, dtype), device, g, grad=wants,
                         low=self.slot_floats.get(i, self.floats))
             if i in self.upcast and t.is_floating_point():
-                t = t.detach().float().requires_grad_(grad)
+                t = t.detach().float().requires_grad_(wants)
             made.append(t)
         env: dict[fx.Node, object] = {n: made[i] for n, i in self.slot_of.items()}
 
@@ -594,7 +608,8 @@ def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: boo
         total = sum((o * ((torch.rand(o.shape, generator=g) + 0.5) / max(o.numel(), 1))
                      .to(device=o.device, dtype=o.dtype)).sum()
                     for o in outs if o.requires_grad)
-        grads = torch.autograd.grad(total, leaves, allow_unused=True)
+        grads = torch.autograd.grad(total, [t for t in leaves if t.requires_grad],
+                                    allow_unused=True)
     return outs, grads
 
 

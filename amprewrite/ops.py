@@ -630,7 +630,9 @@ _TABLE: list[Family] = [
     _op("sum", H, ["sum", "nansum", "trace", "trapezoid", "trapz", "cumulative_trapezoid",
                    "sum_to_size"], **_DTYPE_ARG),
     _op("prod", H, ["prod"]),
-    _op("cumsum", H, ["cumsum", "cumprod"], **_DTYPE_ARG),
+    # cumsum(dtype=float32) is not listed: its backward was 1.3x a rounding off on CPU at some
+    # shapes and within it at others (a verdict the probe's small shapes cannot settle).
+    _op("cumsum", H, ["cumsum", "cumprod"]),
     _op("mean", H, ["mean", "nanmean"], out=Out.FLOAT, **_DTYPE_ARG),
     _op("var", H, ["var", "std", "var_mean", "std_mean", "cov", "corrcoef"], out=Out.FLOAT),
     _op("logsumexp", H, ["logsumexp", "logcumsumexp"], out=Out.FLOAT),

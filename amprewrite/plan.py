@@ -2,14 +2,19 @@
 
 LOW, FP32 and PROMOTE nodes, graph inputs and parameters have a fixed label (low or high).
 NEUTRAL nodes are exact in either dtype, so their label is free: a cast may sit before or after
-them. The free labels are chosen by a minimum s-t cut (networkx), where
+them. An FP32 node whose kernel reads a low input and computes in fp32 (``meta[MIXED]``, a
+signature the kernel probe confirmed; DESIGN.md, "Compute dtype is not storage dtype") needs no
+fp32 copy of that input: a ``DTYPE_ARG`` node (softmax, sum) reads either dtype, a ``LOW_IO``
+node (a norm) on a low value is free like a NEUTRAL one, storing its output as its input is
+stored. The free labels are chosen by a minimum s-t cut (networkx), where
 
 - the source side is "high", the sink side "low";
 - casting value ``u`` to a dtype costs ``bytes(u)`` once, however many consumers share the cast
   (an auxiliary node per (value, direction) makes several consumers pay one edge);
 - a value whose natural precision is high may become low only if none of its consumers needs it
   high (infinite edges): that would be a low->high round trip that loses precision;
-- a tiny cost keeps a free node at its natural label when the cut is otherwise indifferent.
+- a tiny cost keeps a free node at its natural label when the cut is otherwise indifferent
+  (a LOW_IO node: fp32, when that costs no more bytes).
 
 Only free nodes connected through shared values interact, so the graph is cut per connected
 component of free nodes: the work grows linearly with the graph.
@@ -29,6 +34,9 @@ from .ops import Mixed, Precision, reads_values
 __all__ = ["float_inputs", "plan_labels", "requirement"]
 
 _EPS = 1e-3
+# A LOW_IO node computes in fp32: where storing its output fp32 costs no more bytes (a norm
+# that is the model's output), it does (more than a few _EPS, less than one byte).
+_PREFER_FP32 = 0.5
 _TUPLE = 1e15
 def float_inputs(node: fx.Node) -> list[fx.Node]:
     """The distinct inputs of ``node`` holding floats (tensors or tuples), in argument order."""
@@ -235,7 +243,9 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
             for r in wants_high:  # high -> low -> high would lose precision: forbidden
                 flow.add(r, here, None)
     for r, name in var.items():
-        if r.meta.get(M.NATURAL) == HIGH:
+        if _free_io(r):
+            flow.add("S", name, _PREFER_FP32)
+        elif r.meta.get(M.NATURAL) == HIGH:
             flow.add("S", name, _EPS)
         else:
             flow.add(name, "T", _EPS)

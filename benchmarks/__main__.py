@@ -9,9 +9,12 @@
     python -m benchmarks mutants        # flip each FP32/LOW family's class, run the precision
                                         # tests, report which flips no test catches
                                         # (options: python -m benchmarks mutants --help)
+    python -m benchmarks memory         # saved-for-backward bytes, cast bytes and step time of
+                                        # fp32, autocast and amprewrite on the zoo models
+                                        # (options: python -m benchmarks memory --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,report_page,conformance,mutants}
+capture,generate,report_page,conformance,mutants,memory}
 --help.
 """
 
@@ -28,6 +31,7 @@ from . import (
     generate,
     inference,
     loops,
+    memory,
     mutants,
     plots,
     report_page,
@@ -79,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["mutants"]:  # its own options (--families, --tests, ...)
         return mutants.main(argv[1:])
+    if argv[:1] == ["memory"]:  # its own options (--models, --dtypes, --no-compiled, ...)
+        memory.main(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("what", choices=["all", "gpu", "mutants"])
+    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

@@ -144,8 +144,9 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     >>> import torch
     >>> from torch import fx
     >>> g = fx.Graph(); x = g.placeholder("x")
-    >>> n = g.call_function(torch.nn.functional.layer_norm, (x, (4,)))
-    >>> mixed_problem(n, Mixed.LOW_IO, torch.bfloat16, torch.device("cpu")) is None
+    >>> n = g.call_module("bn", (x,))
+    >>> bn = torch.nn.BatchNorm2d(8)
+    >>> mixed_problem(n, Mixed.LOW_IO, torch.bfloat16, torch.device("cpu"), bn) is None
     True
     >>> n = g.call_function(torch.exp, (x,))
     >>> mixed_problem(n, Mixed.DTYPE_ARG, torch.bfloat16, torch.device("cpu"))[:40]
@@ -154,6 +155,10 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     if node.op == "call_module":
         if module is None:
             return "no module to probe"
+        if isinstance(module, torch.nn.SyncBatchNorm):
+            # Without a process group it runs plain batch_norm: its distributed kernels
+            # (batch_norm_gather_stats...) are not what a probe in one process would call.
+            return f"{NOT_CONFIRMED}: SyncBatchNorm's distributed kernels cannot be probed here"
         what: object = (type(module), repr(module), module.training)
 
         def fn(*args, **kwargs):

@@ -68,11 +68,12 @@ class InsertCasts(Pass):
                 node.meta.pop(M.MIXED)  # its input is fp32 after all: a plain fp32 op
                 continue
             if mixed is Mixed.DTYPE_ARG:
-                node.kwargs = {**node.kwargs, "dtype": torch.float32}
-                record(gm, node, "dtype=torch.float32",
-                       f"reads its {low} input without an fp32 copy and computes in float32 "
-                       "(mixed signature confirmed by the kernel probe)")
-                changed = True
+                if node.kwargs.get("dtype") != torch.float32:
+                    node.kwargs = {**node.kwargs, "dtype": torch.float32}
+                    record(gm, node, "dtype=torch.float32",
+                           f"reads its {low} input without an fp32 copy and computes in "
+                           "float32 (mixed signature confirmed by the kernel probe)")
+                    changed = True
                 how = f"reads {low}, computes and writes float32"
             else:
                 out = "float32" if node.meta.get(M.LABEL) == HIGH else low

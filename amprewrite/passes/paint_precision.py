@@ -264,7 +264,10 @@ class PaintPrecision(Pass):
             problems = []
             for sig in fam.mixed:
                 if sig is Mixed.DTYPE_ARG and node.kwargs.get("dtype") is not None:
-                    continue  # converts already
+                    if node.kwargs["dtype"] == torch.float32:  # the model's own spelling (or
+                        node.meta[M.MIXED] = sig  # a transformed graph's): reads any input
+                        break
+                    continue  # converts to another dtype
                 problem = mixed_problem(node, sig, low, device, module)
                 if problem is None:
                     node.meta[M.MIXED] = sig

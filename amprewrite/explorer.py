@@ -59,8 +59,8 @@ def _label(v) -> str:
 def _node(v, classes: dict[str, str]) -> dict:
     precision = classes.get(v.name, v.precision)
     attrs = [("op", v.op), ("target", v.target), ("module", v.module or "(model)"),
-             ("family", v.family), ("class", precision), ("dtype", v.dtype), ("reason", v.reason),
-             ("source", v.source)]
+             ("family", v.family), ("class", precision), ("compute dtype", v.dtype),
+             ("storage dtype", v.storage), ("reason", v.reason), ("source", v.source)]
     if v.error is not None:
         attrs.append(("error vs fp32", f"{v.error:.3e}"))
     node = {"id": v.name, "label": _label(v), "namespace": namespace(v.module),
@@ -69,7 +69,8 @@ def _node(v, classes: dict[str, str]) -> dict:
                                "targetNodeInputId": str(k)} for k, a in enumerate(v.inputs)]}
     if v.shape or v.dtype:
         node["outputsMetadata"] = [{"id": "0", "attrs": [
-            {"key": "tensor_shape", "value": f"{v.dtype or '?'}[{v.shape.replace('x', ',')}]"}]}]
+            {"key": "tensor_shape",
+             "value": f"{v.storage or v.dtype or '?'}[{v.shape.replace('x', ',')}]"}]}]
     if precision in COLORS or v.rewritten:
         node["style"] = {"backgroundColor": color(precision, v.rewritten)}
     return node

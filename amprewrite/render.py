@@ -33,7 +33,8 @@ def node_table(gm: fx.GraphModule, rewritten: set[str] = frozenset()) -> str:
     """One aligned text row per node: name, op, target, module, family, class, dtype, reason."""
     cols = ["name", "op", "target", "module", "family", "precision", "dtype"]
     view = graph_view(gm, rewritten)
-    rows = [[str(getattr(v, c)) for c in cols] + [v.reason] for v in view.nodes]
+    rows = [[str(getattr(v, "dtypes" if c == "dtype" else c)) for c in cols] + [v.reason]
+            for v in view.nodes]
     head = [*cols[:5], "class", "dtype", "reason"]
     widths = [min(max([len(head[i])] + [len(r[i]) for r in rows]), 40) for i in range(len(cols))]
     return "\n".join("  ".join(c[:40].ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
@@ -47,7 +48,7 @@ def to_dot(gm: fx.GraphModule, title: str, rewritten: set[str] = frozenset()) ->
              f'  label="{title}"; labelloc=t;']
     view = graph_view(gm, rewritten)
     for v in view.nodes:
-        text = f"{v.name}\\n{v.target}" + (f"\\n{v.dtype}" if v.dtype else "")
+        text = f"{v.name}\\n{v.target}" + (f"\\n{v.dtypes}" if v.dtype else "")
         lines.append(f'  "{v.name}" [label="{_esc(text)}", '
                      f'fillcolor="{color(v.precision, v.rewritten)}"];')
     for v in view.nodes:

@@ -46,7 +46,7 @@ def _graph_data(view: GraphView) -> dict:
     return {
         "groups": view.groups, "parents": view.parents,
         "nodes": [{"n": v.name, "o": v.op, "t": v.target, "m": v.module, "g": v.group,
-                   "f": v.family, "p": v.precision, "d": v.dtype, "r": v.reason, "s": v.source,
+                   "f": v.family, "p": v.precision, "d": v.dtypes, "r": v.reason, "s": v.source,
                    "sh": v.shape, "b": v.nbytes, "i": list(v.inputs),
                    **({"w": 1} if v.rewritten else {}),
                    **({"e": v.error} if v.error is not None else {})} for v in view.nodes]}

@@ -46,10 +46,18 @@ class NodeView:
     reason: str
     source: str
     shape: str  # "2x32x16x16"; "" when unknown or not a tensor
-    nbytes: int | None  # bytes of the value in ``dtype``; None when unknown
+    nbytes: int | None  # bytes of the value as stored (``storage``); None when unknown
     inputs: tuple[str, ...]
     rewritten: bool = False
     error: float | None = None  # relative error against the fp32 graph (amprewrite check)
+    # The dtype the value is stored in: differs from ``dtype`` for an fp32 op that reads and
+    # writes the low dtype (a norm after a conv); "" if not float.
+    storage: str = ""
+
+    @property
+    def dtypes(self) -> str:
+        """``dtype``, or ``compute->storage`` where they differ (``float32->bfloat16``)."""
+        return self.dtype if self.storage in ("", self.dtype) else f"{self.dtype}->{self.storage}"
 
 
 @dataclass
@@ -144,10 +152,12 @@ def graph_view(gm: fx.GraphModule, rewritten: set[str] = frozenset(),
         d = decided.get(n.name)
         if d is not None:
             precision, dtype, reason = d.precision, _dtype_name(d.dtype), d.reason
+            storage = _dtype_name(d.storage) if d.storage is not None else dtype
         else:
             precision, reason = "", n.meta.get(M.REASON, "")
             dtype = _dtype_name(info.dtype) if info.dtype is not None and (
                 info.dtype.is_floating_point) else ""
+            storage = dtype
         module = n.meta.get(M.MODULE_PATH, "")
         shape = ("x".join("?" if s is None else str(s) for s in info.shape)
                  if info.kind == "tensor" and info.shape is not None else "")
@@ -155,9 +165,9 @@ def graph_view(gm: fx.GraphModule, rewritten: set[str] = frozenset(),
             name=n.name, op=n.op, target=_target(n), module=module, group=group_of(module),
             family=(n.meta.get(M.FAMILY) or "") if d is None else (d.family or ""),
             precision=precision, dtype=dtype, reason=reason, source=M.source_line(n) or "",
-            shape=shape, nbytes=_nbytes(info, dtype),
+            shape=shape, nbytes=_nbytes(info, storage),
             inputs=tuple(a.name for a in n.all_input_nodes), rewritten=n.name in rewritten,
-            error=errors.get(n.name)))
+            error=errors.get(n.name), storage=storage))
     return GraphView(nodes, groups, parents)
 
 
@@ -201,7 +211,7 @@ def module_rows(view: GraphView) -> list[ModuleRow]:
         is_cast = v.precision == "cast"
         row = (1, v.precision == "low", v.precision == "fp32", is_cast,
                (v.nbytes or 0) if is_cast else 0,
-               (v.nbytes or 0) if v.dtype == "float32" and not is_cast else 0)
+               (v.nbytes or 0) if v.storage == "float32" and not is_cast else 0)
         g = v.group
         while g >= 0:
             tot[g] = [a + int(b) for a, b in zip(tot[g], row)]

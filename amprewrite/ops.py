@@ -1047,6 +1047,10 @@ def families_markdown() -> str:
         "position cone; `indices` families read integer inputs as indices, so they start none.",
         "Before a node runs in low precision, its kernel is probed once per (op, dtype, device):",
         "a missing or wrong low-precision kernel makes it an fp32 island.",
+        "An FP32 family with a mixed signature (`reads low, writes low` or `reads low with",
+        "dtype=float32`) computes in float32 from a low input without an fp32 copy of it, where",
+        "the kernel probe confirms the signature on the target device (guide, \"Compute dtype",
+        "and storage dtype\").",
         "",
         "## Coverage of `torch.overrides.get_overridable_functions()`",
         "",
@@ -1069,11 +1073,16 @@ def families_markdown() -> str:
                                      ("per-node", f.classify is not None or f.refine is not None),
                                      ("random", f.random), ("needs float", f.needs_float))
                      if on]
+            notes += [_MIXED_NOTE[m] for m in f.mixed]
             if f.why:
                 notes.append(f.why)
             lines.append(f"| `{f.name}` | {', '.join(notes)} | {spell(f)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+_MIXED_NOTE = {Mixed.LOW_IO: "reads low, writes low (fp32 weights, computes in fp32)",
+               Mixed.DTYPE_ARG: "reads low with dtype=float32"}
 
 
 def _spelled(fn: object) -> str:

@@ -74,6 +74,21 @@ def test_guide_worked_examples_run(section):
     exec(compile(code, f"guide.md {section}", "exec"), {"__name__": "guide_example"})
 
 
+def test_guide_compute_and_storage_dtype_example_runs():
+    """The guide's "Compute dtype and storage dtype" example, run as a doctest."""
+    import doctest
+
+    text = (ROOT / "docs" / "guide.md").read_text()
+    body = text[text.index("### Compute dtype and storage dtype"):]
+    start = body.index("```python\n") + 10
+    code = body[start:body.index("```", start)]
+    test = doctest.DocTestParser().get_doctest(code, {}, "guide compute/storage", "guide.md", 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+    assert runner.summarize(verbose=False).attempted >= 4
+
+
 # ------------------------------------------------------------------ quoted benchmark figures
 # A figure quoted from a results file carries its source in an HTML comment right after it
 # (invisible when rendered), as in

@@ -5,6 +5,12 @@ Matches:   ``w = self.fc.weight; w_bf16 = w.to(torch.bfloat16)`` where every use
 Rewrite to: ``w = self.fc.weight`` with ``gm.fc.weight`` a bfloat16 copy (same name, so
            ``gm.state_dict()`` keys stay the model's). The caller's tensor is untouched; weights
            an FP32 op reads (BatchNorm statistics, norm scales) stay fp32 and shared.
+
+Embedding tables too: ``emb = F.embedding(ids, w)`` (w fp32) becomes
+``emb = F.embedding(ids, w_bf16).to(torch.float32)``. The lookup copies rows, so only the table's
+rounding changes the values (measured: error 1.04-1.08x autocast's on LLaMA, Mistral, GPT-2
+and T5), and the residual stream the rows start stays fp32. People who ask for
+``params="low"`` want the memory: the zoo LLaMA's weights go from 0.58x fp32's to 0.50x.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from torch import fx, nn
 
 from .. import meta as M
 from ..capture import set_attr
-from ..meta import LOW
+from ..meta import HIGH, LOW
+from ..ops import Precision
 from ..report import record
 from .base import Kind, Pass
 
@@ -26,7 +33,7 @@ __all__ = ["StoreParams"]
 class StoreParams(Pass):
     name, kind = "store_params", Kind.REWRITE
     requires = (M.CAST, M.LABEL)
-    writes = (M.ORIG, M.LABEL)
+    writes = (M.ORIG, M.LABEL, M.CAST, M.CLASS, M.NATURAL, M.FAMILY, M.REASON)
 
     def run(self, gm: fx.GraphModule) -> bool:
         if self.policy.params != "low":
@@ -40,8 +47,9 @@ class StoreParams(Pass):
             if value is None or value.dtype != torch.float32:
                 continue
             users = [u for n in nodes for u in n.users]
-            if not users or not all(u.meta.get(M.CAST) == self.policy.dtype
-                                    and u.op == "call_method" for u in users):
+            lookups = [u for u in users if _is_lookup(u, nodes)]
+            if not users or not all(u in lookups or (u.meta.get(M.CAST) == self.policy.dtype
+                                                     and u.op == "call_method") for u in users):
                 continue
             low = nn.Parameter(value.detach().to(self.policy.dtype),
                                requires_grad=value.requires_grad)
@@ -49,13 +57,45 @@ class StoreParams(Pass):
             for node in nodes:
                 node.meta[M.ORIG] = M.info_from_value(value)
                 node.meta[M.LABEL] = LOW
-                for cast in list(node.users):
+                for cast in [u for u in node.users if u not in lookups]:
                     cast.replace_all_uses_with(node)
                     gm.graph.erase_node(cast)
                 record(gm, node, f"store {target} as {self.policy.dtype}",
-                       "params='low' and every reader is a low-precision op")
+                       "params='low' and every reader is a low-precision op"
+                       + (" or an embedding lookup (its rows are cast up after it)"
+                          if lookups else ""))
+            for lookup in lookups:
+                self._rows_up(gm, lookup)
             changed = True
         return changed
+
+    def _rows_up(self, gm: fx.GraphModule, lookup: fx.Node) -> None:
+        """The lookup now returns low rows: cast them up for its fp32 readers."""
+        readers = list(lookup.users)
+        with gm.graph.inserting_after(lookup):
+            up = gm.graph.call_method("to", (lookup, torch.float32))
+        M.copy_provenance(lookup, up, value=True)
+        up.meta[M.CAST] = torch.float32
+        up.meta[M.CLASS] = Precision.NEUTRAL
+        up.meta[M.NATURAL] = lookup.meta.get(M.NATURAL)
+        up.meta[M.LABEL] = HIGH
+        up.meta[M.FAMILY] = None
+        up.meta[M.REASON] = f"{lookup.name} reads a {self.policy.dtype} table (params='low')"
+        for r in readers:
+            r.replace_input_with(lookup, up)
+        lookup.meta[M.LABEL] = LOW
+        record(gm, up, f"cast {lookup.name} to torch.float32",
+               f"the embedding table is stored as {self.policy.dtype} (params='low')")
+
+
+def _is_lookup(node: fx.Node, table: list[fx.Node]) -> bool:
+    """An embedding lookup that reads ``table`` as its weight only, into an fp32 value."""
+    if node.meta.get(M.FAMILY) != "embedding" or node.meta.get(M.LABEL) != HIGH:
+        return False
+    weight = node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None)
+    others = [a for i, a in enumerate(node.args) if i != 1] + [
+        v for k, v in node.kwargs.items() if k != "weight"]
+    return weight in table and not any(a in table for a in others)
 
 
 def _is_param(gm: nn.Module, target: str) -> bool:

@@ -1,5 +1,8 @@
 """store_params alone: with params='low', weights only LOW ops read become low copies."""
 
+import copy
+
+import pytest
 import torch
 from torch import nn
 
@@ -37,3 +40,46 @@ def test_params_fp32_changes_nothing():
     gm, p = prepared(_model(), "store_params")
     assert not run_pass(gm, p)
     assert all(t.dtype == torch.float32 for t in gm.parameters())
+
+
+class _Tokens(nn.Module):
+    """An embedding table read by a lookup into an fp32 residual stream, and tied to the head
+    (a LOW linear reading the same Parameter), as Hugging Face ties them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 16)
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        h = h + self.fc(self.ln(h))
+        return torch.nn.functional.linear(h, self.emb.weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_embedding_tables_are_stored_low_and_rows_cast_up(dtype):
+    model = _Tokens().eval()
+    ids = torch.randint(0, 50, (2, 7))
+    gm = amprewrite.transform(model, dtype=dtype, params="low", example_inputs=(ids,))
+    assert gm.get_parameter("emb.weight").dtype == dtype
+    assert model.emb.weight.dtype == torch.float32  # the caller's table is untouched
+    assert gm.state_dict().keys() == model.state_dict().keys()
+    (lookup,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "embedding"]
+    (up,) = lookup.users  # the rows, cast up once for the fp32 residual stream
+    assert up.meta[M.CAST] == torch.float32 and lookup.meta[M.LABEL] == M.LOW
+    # The values: the fp32-params graph with the table rounded once (the lookup copies rows).
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        rounded.emb.weight.copy_(rounded.emb.weight.to(dtype).float())
+    ref = amprewrite.transform(rounded, dtype=dtype, example_inputs=(ids,))
+    assert torch.equal(gm(ids), ref(ids))
+
+
+def test_params_fp32_keeps_the_embedding_table_fp32():
+    model = _Tokens().eval()
+    gm = amprewrite.transform(model, dtype=torch.bfloat16,
+                              example_inputs=(torch.randint(0, 50, (2, 7)),))
+    assert gm.get_parameter("emb.weight") is model.emb.weight

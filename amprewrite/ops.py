@@ -305,6 +305,15 @@ def _convert(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
         return Precision.PROMOTE, "conversion to another tensor's dtype: runs in the wider"
     if target is None or not target.is_floating_point:
         return Precision.NEUTRAL, "a move or a conversion to the value's own dtype"
+    source = node.args[0] if node.args else None
+    if (target == torch.float32 and isinstance(source, fx.Node)
+            and M.info(source).dtype == torch.float32):
+        # A no-op in the fp32 model (``h.to(q.dtype)`` with the read frozen, ``h.float()``):
+        # its value is fp32 by nature (the plan keeps it fp32 for every reader that computes
+        # in its inputs' precision), but where every reader is low the plan may skip the round
+        # trip low -> fp32 -> low, which changes no value.
+        return Precision.NEUTRAL, ("conversion to float32 of a float32 value (a no-op in the "
+                                   "fp32 model): fp32 unless every reader is low")
     # The model asks for this dtype: LOW when it names the target dtype, else computed high.
     cls = Precision.LOW if target == low else Precision.FP32
     return cls, f"explicit conversion to {target} in the model"

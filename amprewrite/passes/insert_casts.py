@@ -17,7 +17,7 @@ from torch import fx
 
 from .. import meta as M
 from ..meta import HIGH, LOW, info
-from ..ops import Mixed, Precision
+from ..ops import Mixed, Precision, conversion_target, is_conversion
 from ..plan import float_inputs, plan_labels, requirement
 from ..report import record
 from ..runtime import cast_if_float
@@ -52,7 +52,27 @@ class InsertCasts(Pass):
                     casts[key] = self._cast(gm, value, need, consumer)
                 consumer.replace_input_with(value, casts[key])
         changed = self._mixed(gm)
+        changed = self._lowered_upcasts(gm) or changed
         return bool(casts) or changed
+
+    def _lowered_upcasts(self, gm: fx.GraphModule) -> bool:
+        """A model's own upcast of an fp32 value (a no-op in the fp32 model, ``ops._convert``)
+        that the plan stores low (every reader is low): its input is low now, so it goes."""
+        gone = []
+        for node in M.each_node(gm.graph):
+            if (node.meta.get(M.CLASS) == Precision.NEUTRAL and M.CAST not in node.meta
+                    and node.meta.get(M.LABEL) == LOW and is_conversion(node)
+                    and conversion_target(node) == torch.float32
+                    and isinstance(node.args[0], fx.Node)
+                    and node.args[0].meta.get(M.LABEL) == LOW):
+                gone.append(node)
+        for node in gone:
+            record(gm, node, f"remove {node.name}",
+                   "the model's upcast of a float32 value is a no-op in the fp32 model, and "
+                   "every reader of it is low: low -> fp32 -> low changes no value")
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+        return bool(gone)
 
     def _mixed(self, gm: fx.GraphModule) -> bool:
         """Mixed-signature nodes that read a low input: ``dtype=torch.float32`` on a DTYPE_ARG

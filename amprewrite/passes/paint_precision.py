@@ -30,6 +30,7 @@ from ..ops import (
     FAMILIES,
     Mixed,
     Precision,
+    conversion_target,
     family_of,
     is_conversion,
     number_inputs,
@@ -307,6 +308,9 @@ class PaintPrecision(Pass):
             return LOW if isinstance(data, fx.Node) and data.meta.get(M.NATURAL) == LOW else HIGH
         if cls == Precision.FP32:
             return HIGH
+        if cls == Precision.NEUTRAL and is_conversion(node) and (
+                conversion_target(node) == torch.float32):
+            return HIGH  # an upcast in the model: fp32 by nature (ops._convert)
         inputs = [n.meta.get(M.NATURAL) for n in float_inputs(node)]
         if node.meta.get(M.TIED) and inputs:
             return inputs[0]

@@ -1,5 +1,8 @@
 """Cast placement: fewest bytes, one cast per (value, dtype), no round trips."""
 
+import copy
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,6 +15,7 @@ from ..helpers import (
     assert_classes_respected,
     casts,
     rel_err,
+    rewrites,
     runtime_dtypes,
     transform,
     transform_via,
@@ -179,3 +183,42 @@ def test_tuple_elements_follow_their_producer(capture):
     (chunk,) = [n for n in gm.graph.nodes if n.target == "chunk"]
     assert chunk.meta[M.LABEL] == M.LOW  # no upcast of the qkv projection just to split it
     assert rel_err(gm(x), model(x)) < 3e-2
+
+
+class _Upcasts(nn.Module):
+    """A model's own upcast of an fp32 value: before a low op (diffusers' attention output,
+    ``h.to(query.dtype)``) and before arithmetic the author wanted in fp32 (``s.float() - m``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x):
+        q = self.q(x)
+        h = q.reshape(2, 5, 8).to(q.dtype)  # a no-op in the fp32 model
+        s = q.float()
+        return self.out(h), s - s.amax(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_models_upcast_before_a_low_op_costs_no_round_trip(dtype):
+    x = torch.randn(10, 8)
+    gm = transform(_Upcasts(), dtype=dtype, example_inputs=(x,))
+    (out,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "linear"
+              and n.meta.get(M.MODULE_PATH) == "out"]
+    # q (low) -> reshape -> the out projection: no cast up and back down in between.
+    assert M.CAST not in out.args[0].meta and out.args[0].meta[M.LABEL] == M.LOW
+    assert any(r.action.startswith("remove ") for r in rewrites(gm, "insert_casts"))
+    # The other upcast feeds arithmetic: it stays fp32 there, as under autocast.
+    (sub,) = [n for n in gm.graph.nodes if n.target is operator.sub]
+    assert sub.meta[M.LABEL] == M.HIGH
+    # Numerics: each output within autocast's error (x 1.1, + 1e-6) against float64.
+    torch.manual_seed(0)
+    model = _Upcasts()
+    gm = transform(model, dtype=dtype, example_inputs=(x,))
+    ref = copy.deepcopy(model).double()(x.double())
+    with torch.autocast("cpu", dtype=dtype):
+        theirs = model(x)
+    for ours, auto, r in zip(gm(x), theirs, ref):
+        assert rel_err(ours, r) <= 1.1 * rel_err(auto, r) + 1e-6

@@ -103,7 +103,9 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
         what: object = (type(module), repr(module), module.training)
         fn: Callable = module
     elif node.op in ("call_function", "call_method"):
-        what = node.target if node.op == "call_method" else id(node.target)
+        # The target itself, not id(target): a freed function's id is reused by another one,
+        # which would get its verdict.
+        what = node.target
         fn = _call(node.op, node.target)
     else:
         return None
@@ -164,7 +166,9 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
         def fn(*args, **kwargs):
             return copy.deepcopy(module)(*args, **kwargs)
     elif node.op in ("call_function", "call_method"):
-        what = node.target if node.op == "call_method" else id(node.target)
+        # The target itself, not id(target): a freed function's id is reused by another one,
+        # which would get its verdict.
+        what = node.target
         fn = _call(node.op, node.target)
     else:
         return "not an op"

@@ -208,3 +208,34 @@ def test_not_confirmed_is_cached_for_the_shapes_it_was_found_with_only(dtype, mo
     calls = []
     monkeypatch.setattr(kernels, "_probe", lambda *a: calls.append(a))
     assert kernels.low_kernel_problem(nodes[2], dtype, cpu) is None and not calls  # cached
+
+
+def test_a_verdict_belongs_to_its_function_not_to_a_reused_id():
+    """Functions made one after the other reuse a freed one's id: each must get its own probe,
+    not a freed function's cached verdict (the cache was keyed by id(target))."""
+    import gc
+
+    from torch import fx
+
+    from amprewrite.kernels import low_kernel_problem
+
+    def kernel(low_ok: bool):
+        def f(x):
+            if x.dtype != torch.float32 and not low_ok:
+                raise RuntimeError("no low kernel")
+            return x * 2
+        return f
+
+    def verdict(fn):
+        g = fx.Graph()
+        return low_kernel_problem(g.call_function(fn, (g.placeholder("x"),)), torch.bfloat16,
+                                  torch.device("cpu"))
+
+    # Keyed by id, the second function got the first one's "works" (checked on the old code:
+    # the id was reused on the first round).
+    for _ in range(4):
+        fn = kernel(True)
+        assert verdict(fn) is None
+        del fn
+        gc.collect()
+        assert verdict(kernel(False)) is not None  # its own probe: no low kernel

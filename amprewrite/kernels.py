@@ -246,9 +246,10 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                 problem = _differs(out, ref, eps / 8 if signature is Mixed.LOW_IO else 1e-5,
                                    f"{name}: the kernel on {device}")
                 # Every gradient against the island's: the data input's, rounded to its dtype
-                # as the island's cast rounds it, at most one unit in the last place apart (the
-                # two fp32 results differ in summation order, so a rounding may flip; a backward
-                # in the low dtype is many units off); the fp32 parameters' within eps / 4
+                # as the island's cast rounds it, within eps / 4 norm-wise or at most one unit
+                # in the last place apart everywhere (the two fp32 results differ in summation
+                # order, so a rounding may flip; a backward in the low dtype is 5-30 eps and
+                # many units off); the fp32 parameters' within eps / 4
                 # (layer_norm's CPU backward sums them in the low dtype: 0.5 eps at probe sizes,
                 # 100 at 1024 rows).
                 for i, (g, r) in enumerate(zip(grads or (), ref_grads or ())):
@@ -257,7 +258,11 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                     if g is None:
                         return f"{name}: no backward on {device} (probed)"
                     if i == data and g.dtype != torch.float32:
-                        problem = _ulps_apart(g, r.to(g.dtype), f"{name}: the backward on {device}")
+                        # Either criterion: a few values two ulps off in a large gradient, or
+                        # subnormal values (fp16 softmax at probe sizes), fail one of them only.
+                        what = f"{name}: the backward on {device}"
+                        problem = _differs([g], [r.to(g.dtype)], eps / 4, what) and _ulps_apart(
+                            g, r.to(g.dtype), what)
                     else:
                         problem = _differs([g], [r], eps / 4, f"{name}: the backward on {device}")
                 return problem

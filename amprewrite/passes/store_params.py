@@ -90,7 +90,8 @@ class StoreParams(Pass):
 
 def _is_lookup(node: fx.Node, table: list[fx.Node]) -> bool:
     """An embedding lookup that reads ``table`` as its weight only, into an fp32 value."""
-    if node.meta.get(M.FAMILY) != "embedding" or node.meta.get(M.LABEL) != HIGH:
+    if (node.meta.get(M.FAMILY) != "embedding" or node.meta.get(M.LABEL) != HIGH
+            or node.meta.get(M.CLASS) == Precision.FP32):  # keep_fp32 names it: fp32 table
         return False
     weight = node.kwargs.get("weight", node.args[1] if len(node.args) > 1 else None)
     others = [a for i, a in enumerate(node.args) if i != 1] + [

@@ -83,3 +83,12 @@ def test_params_fp32_keeps_the_embedding_table_fp32():
     gm = amprewrite.transform(model, dtype=torch.bfloat16,
                               example_inputs=(torch.randint(0, 50, (2, 7)),))
     assert gm.get_parameter("emb.weight") is model.emb.weight
+
+
+def test_keep_fp32_embedding_keeps_its_table_fp32():
+    """Found by the fuzz test: keep_fp32=['embedding'] with params='low' stored the table low
+    under an FP32 lookup."""
+    model = _Tokens().eval()
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, params="low", keep_fp32=["embedding"],
+                              example_inputs=(torch.randint(0, 50, (2, 7)),))
+    assert gm.get_parameter("emb.weight").dtype == torch.float32

@@ -114,19 +114,26 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
     # A definitive answer (the kernel works, is missing, is wrong) holds for every node of the
     # same op and argument structure. "Not confirmed" belongs to this node's shapes and sizes
     # only: it is kept under the finer key, so that it cannot hide a node that can be probed.
+    return _cached(key, template, lambda: _probe(
+        fn, template, dtype, device.type, bool(family is not None and family.random)))
+
+
+_CACHE: dict[tuple, str | None] = {}
+
+
+def _cached(key: tuple, template: _Template, probe: Callable[[], str | None]) -> str | None:
+    """``probe()``'s verdict, cached under ``key``, or under (key, the node's shapes) for "not
+    confirmed"; uncached when a constant argument is unhashable."""
     fine = (key, template.fine)
     try:
         for k in (key, fine):
             if k in _CACHE:
                 return _CACHE[k]
     except TypeError:  # an unhashable constant argument: probe without caching
-        return _probe(fn, template, dtype, device.type, bool(family and family.random))
-    found = _probe(fn, template, dtype, device.type, bool(family is not None and family.random))
+        return probe()
+    found = probe()
     _CACHE[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
     return found
-
-
-_CACHE: dict[tuple, str | None] = {}
 
 
 def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: torch.device,
@@ -180,16 +187,8 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     if not isinstance(first, fx.Node) or template.slot_of.get(first) != 0:
         return "its first argument is not a tensor"
     key = ("mixed", signature, node.op, what, str(dtype), device.type, template.key)
-    fine = (key, template.fine)
-    try:
-        for k in (key, fine):
-            if k in _CACHE:
-                return _CACHE[k]
-    except TypeError:
-        return _probe_mixed(fn, template, signature, dtype, device.type)
-    found = _probe_mixed(fn, template, signature, dtype, device.type)
-    _CACHE[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
-    return found
+    return _cached(key, template,
+                   lambda: _probe_mixed(fn, template, signature, dtype, device.type))
 
 
 def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: torch.dtype,

@@ -23,7 +23,7 @@ from ..report import record
 from ..runtime import cast_if_float
 from .base import Kind, Pass
 
-__all__ = ["InsertCasts"]
+__all__ = ["InsertCasts", "add_cast"]
 
 
 class InsertCasts(Pass):
@@ -103,22 +103,29 @@ class InsertCasts(Pass):
 
     def _cast(self, gm: fx.GraphModule, value: fx.Node, need: str, consumer: fx.Node) -> fx.Node:
         dtype = torch.float32 if need == HIGH else self.policy.dtype
-        graph = gm.graph
-        with graph.inserting_after(value):
-            if info(value).dtype is None:
-                cast = graph.call_function(cast_if_float, (value, dtype))
-            else:
-                cast = graph.call_method("to", (value, dtype))
-        M.copy_provenance(value, cast, value=True)
-        cast.meta[M.CAST] = dtype
-        cast.meta[M.CLASS] = Precision.NEUTRAL
-        cast.meta[M.NATURAL] = value.meta.get(M.NATURAL)
-        cast.meta[M.LABEL] = need
-        cast.meta[M.FAMILY] = None
         what = consumer.meta.get(M.CLASS)
         why = (f"{consumer.name} ({what.value if what else consumer.op}) needs "
                f"{str(dtype).replace('torch.', '')}")
-        cast.meta[M.REASON] = why
-        record(gm, cast, f"cast {value.name} to {dtype}", why)
-        return cast
+        return add_cast(gm, value, dtype, need, why)
+
+
+def add_cast(gm: fx.GraphModule, value: fx.Node, dtype: torch.dtype, label: str,
+             why: str) -> fx.Node:
+    """A cast node right after ``value`` (a guarded one where its dtype is unknown), with the
+    meta every cast carries, recorded in the report. Its users are the caller's to rewire."""
+    graph = gm.graph
+    with graph.inserting_after(value):
+        if info(value).dtype is None:
+            cast = graph.call_function(cast_if_float, (value, dtype))
+        else:
+            cast = graph.call_method("to", (value, dtype))
+    M.copy_provenance(value, cast, value=True)
+    cast.meta[M.CAST] = dtype
+    cast.meta[M.CLASS] = Precision.NEUTRAL
+    cast.meta[M.NATURAL] = value.meta.get(M.NATURAL)
+    cast.meta[M.LABEL] = label
+    cast.meta[M.FAMILY] = None
+    cast.meta[M.REASON] = why
+    record(gm, cast, f"cast {value.name} to {dtype}", why)
+    return cast
 

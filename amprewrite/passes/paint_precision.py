@@ -223,14 +223,21 @@ class PaintPrecision(Pass):
                 node.meta[M.REASON] = f"allow_low={_show(sel)}: runs in its inputs' precision"
                 return
 
-    def _probe_kernels(self, gm: fx.GraphModule, low: torch.dtype) -> None:
-        """Nodes that may run low get an fp32 island where the low kernel is missing or wrong."""
+    def _device(self) -> torch.device | None:
+        """The target device, or None when it is not available here (nothing to probe on)."""
         device = torch.device(self.policy.device or "cpu")
         try:
             torch.empty(1, device=device)
         except (RuntimeError, AssertionError):
-            _note(gm, f"kernels not probed: device '{device}' is not available here; transform "
-                      "on a machine that has it to check its low-precision kernels")
+            return None
+        return device
+
+    def _probe_kernels(self, gm: fx.GraphModule, low: torch.dtype) -> None:
+        """Nodes that may run low get an fp32 island where the low kernel is missing or wrong."""
+        device = self._device()
+        if device is None:
+            _note(gm, f"kernels not probed: device '{self.policy.device}' is not available here; "
+                      "transform on a machine that has it to check its low-precision kernels")
             return
         # Imported here: the rest of this module needs only low_kernel_problem.
         from ..kernels import NOT_CONFIRMED
@@ -271,10 +278,8 @@ class PaintPrecision(Pass):
         """FP32 nodes whose kernel reads a low data input and computes in fp32 (a mixed
         signature of its family, confirmed by a probe on the target device) get
         ``meta[MIXED]``: the plan then needs no fp32 copy of that input."""
-        device = torch.device(self.policy.device or "cpu")
-        try:
-            torch.empty(1, device=device)
-        except (RuntimeError, AssertionError):
+        device = self._device()
+        if device is None:
             return  # not probed, not used (no probe, no trust)
         for node, why in self._registry_fp32.items():
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")

@@ -26,6 +26,7 @@ from ..meta import HIGH, LOW
 from ..ops import Precision
 from ..report import record
 from .base import Kind, Pass
+from .insert_casts import add_cast
 
 __all__ = ["StoreParams"]
 
@@ -72,20 +73,11 @@ class StoreParams(Pass):
     def _rows_up(self, gm: fx.GraphModule, lookup: fx.Node) -> None:
         """The lookup now returns low rows: cast them up for its fp32 readers."""
         readers = list(lookup.users)
-        with gm.graph.inserting_after(lookup):
-            up = gm.graph.call_method("to", (lookup, torch.float32))
-        M.copy_provenance(lookup, up, value=True)
-        up.meta[M.CAST] = torch.float32
-        up.meta[M.CLASS] = Precision.NEUTRAL
-        up.meta[M.NATURAL] = lookup.meta.get(M.NATURAL)
-        up.meta[M.LABEL] = HIGH
-        up.meta[M.FAMILY] = None
-        up.meta[M.REASON] = f"{lookup.name} reads a {self.policy.dtype} table (params='low')"
+        up = add_cast(gm, lookup, torch.float32, HIGH,
+                      f"the embedding table is stored as {self.policy.dtype} (params='low')")
         for r in readers:
             r.replace_input_with(lookup, up)
         lookup.meta[M.LABEL] = LOW
-        record(gm, up, f"cast {lookup.name} to torch.float32",
-               f"the embedding table is stored as {self.policy.dtype} (params='low')")
 
 
 def _is_lookup(node: fx.Node, table: list[fx.Node]) -> bool:

@@ -15,8 +15,9 @@ import torch
 from torch import fx, nn
 
 from . import meta as M
-from .capture import DynamoGraphModule, capture
+from .capture import capture
 from .errors import ModelError, NotVerifiedWarning, PolicyError
+from .graphmodule import DynamoGraphModule
 from .ops import FAMILIES, Precision
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
@@ -123,7 +124,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         # To transform again for inputs of other shapes. With params="low" only weakly: the
         # point of low weights is that dropping the fp32 model frees its weights.
-        gm._amp_source = (weakref.ref(model) if policy.params == "low" else model, policy)
+        gm._amp_source = (weakref.ref(model) if policy.params == "low" else model, policy,
+                          transform_with)
     if policy.verify:
         _verify(model, gm, example_inputs, policy, rep)
     rep.timings["total"] = time.perf_counter() - start
@@ -132,7 +134,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
 
 def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy: Policy,
             rep: Report) -> None:
-    from .numerics import verify_graph
+    from .verify import verify_graph
 
     if example_inputs is None:
         # Nothing to run the graph on. Said in the report and as a warning, since a graph that
@@ -147,7 +149,7 @@ def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy
         return
     start = time.perf_counter()
     # Train mode too: the runs draw equal dropout masks and buffers are restored after each
-    # (numerics._Replay), so BatchNorm statistics and the caller's model end as they began.
+    # (verify._Replay), so BatchNorm statistics and the caller's model end as they began.
     errors = verify_graph(model, gm, example_inputs, policy.dtype)
     rep.timings["verify"] = time.perf_counter() - start
     mode = (" in train mode (same random draws in every run, buffers restored)"

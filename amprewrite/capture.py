@@ -19,10 +19,8 @@ import dataclasses
 import inspect
 import logging
 import os
-import time
 import traceback
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -32,240 +30,17 @@ from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
 from . import meta as M
-from .errors import CaptureError, ModelError, ModeSwitchError, PolicyError, ShapeError
+from .errors import CaptureError, ModelError, PolicyError
+from .graphmodule import DynamoGraphModule, add_input_check
+from .modules import buffer_clone_copy, get_attr, has_attr, rebuild, share_copy, tensor_names
 from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
-from .shapes import InputCheck, InputGuard, flat_inputs, positional_leaves
+from .shapes import InputGuard, flat_inputs
 
-__all__ = ["Capture", "DynamoGraphModule", "annotate_dynamo_graph", "capture"]
+__all__ = ["Capture", "annotate_dynamo_graph", "capture", "split_inputs"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
-
-
-class DynamoGraphModule(fx.GraphModule):
-    """A GraphModule captured by dynamo, which bakes the train/eval mode, the input sizes and
-    the non-tensor arguments into the graph.
-
-    Switching it to the other mode raises instead of silently running the captured one. Each
-    call checks its inputs against the capture's guards (:mod:`amprewrite.shapes`); inputs the
-    graph was not captured for run on a graph transformed for them (made once, then cached),
-    or raise :class:`~amprewrite.errors.ShapeError`.
-    """
-
-    _amp_captured_training: bool | None = None
-    _amp_inputs: InputGuard | None = None
-    # (model, policy) to transform again for new inputs; None: raise instead.
-    _amp_source: tuple | None = None
-    _amp_variants: tuple[fx.GraphModule, ...] = ()
-
-    # The graph's code without pytree work and without its input check (see _FastCall).
-    _amp_fast: _FastCall | None = None
-
-    def __call__(self, *args, **kwargs):
-        # Plain eager code (no dynamo frame callback; a builtin, so calling it starts no frame
-        # dynamo could trace): the dispatcher runs as plain Python (its disable wrapper costs
-        # ~5 us a call) and the common call takes the fast path. Under torch.compile every
-        # Python function called from here would be traced: the disabled dispatcher, then
-        # the GraphModule's ordinary call.
-        if _FRAME_CALLBACK is not None and _FRAME_CALLBACK() is None:
-            target = _select_eager(self, args, kwargs)
-            fast = target._amp_fast
-            if fast is not None and not kwargs and len(args) == fast.n and not _hooked(target):
-                return fast(target, args)
-        else:
-            target = _select(self, args, kwargs)
-        if target is self:
-            return super().__call__(*args, **kwargs)
-        return target(*args, **kwargs)
-
-    def recompile(self):
-        code = super().recompile()
-        self._amp_fast = _FastCall.make(self)
-        return code
-
-    def train(self, mode: bool = True):
-        captured = self._amp_captured_training
-        if captured is not None and bool(mode) != captured:
-            want, have = ("train", "eval") if mode else ("eval", "train")
-            raise ModeSwitchError(
-                f"this graph was captured by dynamo in {have} mode, which fixes BatchNorm and "
-                f"Dropout behaviour inside the graph, so it cannot switch to {want} mode. Call "
-                f"amprewrite.transform again on model.{want}() to get a {want}-mode graph, or "
-                "transform without example_inputs (symbolic tracing keeps the mode switchable)."
-            )
-        return super().train(mode)
-
-
-class _FastCall:
-    """A captured graph's code for the common call -- as many plain positional inputs as
-    captured, no keywords, no hooks -- once the dispatcher has checked the inputs.
-
-    fx generates a dynamo graph's ``forward`` with a pytree flatten of the inputs, the input
-    check (needed when ``forward`` is called or compiled directly, and repeated work once the
-    dispatcher has checked) and a pytree unflatten of the outputs, all reached through
-    ``nn.Module.__call__``. This is the same graph generated without the three
-    (``fx.graph.CodeGen``), its flat outputs rebuilt by the captured output spec. (The larger
-    cost of the old call, binding the arguments to the signature, is gone from
-    :func:`~amprewrite.shapes.flat_inputs`.)
-    """
-
-    def __init__(self, fn, n: int, out_spec: pytree.TreeSpec):
-        self.fn, self.n, self.out_spec = fn, n, out_spec
-        children = [out_spec.child(i) for i in range(out_spec.num_children)]
-        self.kind = ("leaf" if out_spec.is_leaf() else "tuple"
-                     if out_spec.type is tuple and all(c.is_leaf() for c in children)
-                     else "tree")
-
-    def __call__(self, gm: fx.GraphModule, args: tuple):
-        out = self.fn(gm, *args)
-        if self.kind == "leaf":
-            return out[0]
-        if self.kind == "tuple":
-            return tuple(out)
-        return pytree.tree_unflatten(out, self.out_spec)
-
-    @classmethod
-    def make(cls, gm: fx.GraphModule) -> _FastCall | None:
-        graph = gm.graph
-        codegen = graph._codegen
-        info = getattr(codegen, "pytree_info", None)
-        if info is None or info.out_spec is None:
-            return None
-        n = positional_leaves(info.in_spec)
-        if n < 0:
-            return None
-        checks = [f"    {node.name} = self.{INPUT_CHECK}("
-                  for node in graph.find_nodes(op="call_module", target=INPUT_CHECK)]
-        graph._codegen = fx.graph.CodeGen()
-        try:
-            code = graph.python_code(root_module="self")
-            src = "\n".join(line for line in code.src.splitlines()
-                            if not line.startswith(tuple(checks)) or not checks)
-            fn = fx.graph_module._forward_from_src(src, code.globals)
-        except Exception:  # a torch whose fx differs: the ordinary call still works
-            return None
-        finally:
-            graph._codegen = codegen
-        return cls(fn, n, info.out_spec)
-
-
-def _hooked(m: nn.Module) -> bool:
-    from torch.nn.modules import module as _m
-
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or m._backward_pre_hooks or _m._global_forward_hooks
-                or _m._global_forward_pre_hooks or _m._global_backward_hooks
-                or _m._global_backward_pre_hooks)
-
-
-def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
-    """The graph to run these inputs on: ``gm``, a cached variant, or a new one."""
-    guard = gm._amp_inputs
-    if guard is None:
-        return gm
-    flat = flat_inputs(gm, args, kwargs)
-    if guard.accepts(flat):
-        return gm
-    for variant in gm._amp_variants:
-        if variant._amp_inputs is None or variant._amp_inputs.accepts(flat_inputs(variant, args,
-                                                                                  kwargs)):
-            return variant
-    why = guard.explain(flat)
-    if gm._amp_source is None:
-        raise ShapeError(
-            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
-            "Running it anyway could fail inside the graph or return a result for the captured "
-            "inputs. Transform the model again with example_inputs of this shape (or with "
-            "on_new_shape='transform', the default, to let amprewrite do so when called)."
-        )
-    model, policy = gm._amp_source
-    if isinstance(model, weakref.ref):  # params="low": the graph does not keep the fp32 model
-        model = model()
-        if model is None:
-            raise ShapeError(
-                f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
-                "It was transformed with params='low' and holds only low-precision weights; "
-                "the fp32 model it would be transformed from again has been freed. Keep the "
-                "fp32 model alive to have new shapes transformed automatically, or transform "
-                "with example_inputs of the shapes you will call it with."
-            )
-    if policy.on_new_shape == "error":
-        raise ShapeError(
-            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
-            "It was transformed with on_new_shape='error'. Transform again with "
-            "example_inputs of the shapes you will call it with, or pass "
-            "on_new_shape='transform' to transform once per new shape class automatically."
-        )
-    variant = _transform_for(gm, model, policy, args, kwargs, flat, why)
-    gm._amp_variants = (*gm._amp_variants, variant)
-    return variant
-
-
-
-# Dynamo never traces the dispatcher: under torch.compile it runs eagerly (and may transform
-# for new inputs), and dynamo traces the chosen graph's forward, whose first node checks the
-# inputs, as it does for nn.Module.__call__ and forward. (Traced, its one code object shared by
-# every transformed graph would also exhaust dynamo's recompile limit.)
-torch._dynamo.eval_frame.skip_code(DynamoGraphModule.__call__.__code__)
-_select_eager = _select
-_select = torch._dynamo.disable(_select)  # and nothing it calls (guards, a re-transform)
-
-# None when dynamo traces no frame (plain eager code); absent in some torch versions.
-_FRAME_CALLBACK = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
-
-
-def _transform_for(gm, model, policy, args, kwargs, flat, why) -> fx.GraphModule:
-    """Transform ``model`` again for new inputs; dimensions that changed become dynamic, so one
-    new graph serves every size of them (torch.compile's automatic dynamic shapes)."""
-    from .api import transform_with
-
-    if len(gm._amp_variants) >= _MAX_VARIANTS:
-        raise ShapeError(
-            f"{type(gm).__name__} was called with inputs it was not captured for ({why}) and "
-            f"has been transformed for {_MAX_VARIANTS} other input shapes already; amprewrite "
-            "stops there, as torch.compile does. Pass example_inputs with the shapes you use, "
-            "or check that the call's non-tensor arguments do not change on every call."
-        )
-    dynamic = gm._amp_inputs.changed_dims(flat)
-    for earlier in gm._amp_variants:  # and what earlier variants made dynamic
-        for i, dims in earlier._amp_inputs.changed_dims(flat, only_dynamic=True).items():
-            dynamic[i] = sorted({*dynamic.get(i, ()), *dims})
-    marked = {}
-    for i, dims in dynamic.items():
-        t = flat[i].clone()
-        for d in dims:
-            torch._dynamo.mark_dynamic(t, d)
-        marked[id(flat[i])] = t
-    args, kwargs = pytree.tree_map(lambda v: marked.get(id(v), v), (args, kwargs))
-    marked_ids = {id(t) for t in marked.values()}
-    example = kwargs if not args else (args if not kwargs else None)
-    if example is None:  # both: bind everything by name
-        example = dict(inspect.signature(gm.forward).bind(*args, **kwargs).arguments)
-    start = time.perf_counter()
-    try:
-        try:
-            variant = transform_with(model, policy, example)
-        except CaptureError as exc:
-            if "Constraints violated" not in str(exc):
-                raise
-            # The model fixes those sizes (an unrolled per-sample loop fixes the batch): a
-            # graph for exactly these inputs.
-            example = pytree.tree_map(lambda v: v.clone() if id(v) in marked_ids else v,
-                                      example)
-            variant = transform_with(model, policy, example)
-    except CaptureError as exc:
-        raise ShapeError(
-            f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
-            f"Transforming the model again for them failed: {exc}"
-        ) from None
-    _log.info("amprewrite: transformed %s again for new inputs (%s) in %.1f s",
-              type(model).__name__, why, time.perf_counter() - start)
-    return variant
-
-
-_MAX_VARIANTS = 8
-_log = logging.getLogger("amprewrite")
 
 
 @dataclass
@@ -296,17 +71,6 @@ def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
     return None
 
 
-def _buffer_clone_copy(module: nn.Module) -> nn.Module:
-    """A structural copy (see :func:`share_copy`) whose buffers are clones: tracing runs forward
-    for real on buffers, and an in-place update there must not reach the caller's model."""
-    new = share_copy(module)
-    for mod in new.modules():
-        for name, b in mod._buffers.items():
-            if b is not None:
-                mod._buffers[name] = b.clone()
-    return new
-
-
 class _Tracer(fx.Tracer):
     """fx's tracer, except that a parametrized module (``weight_norm``, ``spectral_norm``,
     ``register_parametrization``) is traced through, as dynamo does: its forward reads
@@ -328,7 +92,7 @@ class _Tracer(fx.Tracer):
 def _symbolic(model: nn.Module) -> fx.GraphModule:
     tracer = _Tracer()
     tracer.record_stack_traces = True
-    traced = _buffer_clone_copy(model)
+    traced = buffer_clone_copy(model)
     try:
         graph = tracer.trace(traced)
     except Exception as exc:
@@ -366,11 +130,13 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
                 node.meta[M.MODULE_TYPES] = (*node.meta[M.MODULE_TYPES], type(sub))
     # Modules and tensors come from the caller's model (shared, not the clones); constants the
     # tracer created (``_tensor_constant0``) only exist on the traced copy.
-    return _rebuild(model, graph, lambda target: _get(model, target) if _has(model, target)
-                    else _get(traced, target), fx.GraphModule)
+    return rebuild(model, graph, lambda target: get_attr(model, target) if has_attr(model, target)
+                    else get_attr(traced, target), fx.GraphModule)
 
 
 def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    import torch._dynamo  # imported on first capture, not with amprewrite (seconds)
+
     try:
         inspect.signature(model.forward).bind(*args, **kwargs)
     except TypeError as exc:
@@ -412,17 +178,17 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     src = exported.graph_module
     graph = src.graph
     annotate_dynamo_graph(graph)
-    names = _tensor_names(model)
+    names = tensor_names(model)
     for node in graph.nodes:
         if node.op == "get_attr":
-            obj = _get(src, str(node.target))
+            obj = get_attr(src, str(node.target))
             if isinstance(obj, torch.Tensor) and id(obj) in names:
                 node.target = names[id(obj)]
-    gm = _rebuild(model, graph, lambda target: _get(src, target), DynamoGraphModule)
+    gm = rebuild(model, graph, lambda target: get_attr(src, target), DynamoGraphModule)
     _release(src)
     gm._amp_captured_training = model.training
     gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
-    _add_input_check(gm)
+    add_input_check(gm)
     _operand_dtypes(gm, model)
     return gm
 
@@ -437,23 +203,6 @@ def _release(src: fx.GraphModule) -> None:
         for name, value in list(vars(mod).items()):
             if isinstance(value, torch.Tensor):
                 delattr(mod, name)
-
-
-def _add_input_check(gm: DynamoGraphModule) -> None:
-    """Make the guard the graph's first node: eager calls, torch.compile and exported graphs
-    all check their inputs."""
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    gm.add_submodule(INPUT_CHECK, InputCheck(gm._amp_inputs))
-    with graph.inserting_after(placeholders[-1] if placeholders else None):
-        node = graph.call_module(INPUT_CHECK, tuple(placeholders))
-    node.meta[M.ORIG] = M.OTHER
-    node.meta[M.MODULE_PATH] = ""
-    node.meta[M.MODULE_TYPES] = ()
-    gm.recompile()
-
-
-INPUT_CHECK = "amp_input_check"
 
 
 def _no_recompile_limit() -> contextlib.AbstractContextManager:
@@ -634,99 +383,6 @@ def _quiet_loggers():
             lg.setLevel(level)
 
 
-def _tensor_names(model: nn.Module) -> dict[int, str]:
-    names: dict[int, str] = {}
-    for name, t in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(t), name)
-    for name, t in model.named_buffers(remove_duplicate=False):
-        names.setdefault(id(t), name)
-    return names
-
-
-def _get(root: nn.Module, qualname: str) -> object:
-    obj: object = root
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def share_copy(module: nn.Module) -> nn.Module:
-    """A new module object with the same parameters and buffers (no tensor is copied).
-
-    The copy is made from the instance dict, not with ``copy.copy``: that goes through the
-    pickling protocol, which parametrized modules (``weight_norm``, ``spectral_norm``,
-    ``register_parametrization``) refuse ("only supported through state_dict()"). Their
-    parametrizations are submodules, so they are copied structurally like any other; the
-    parametrized class (with its ``weight`` property) is kept.
-    """
-    new = object.__new__(type(module))
-    d = new.__dict__
-    d.update(module.__dict__)
-    d["_parameters"] = dict(module._parameters)
-    d["_buffers"] = dict(module._buffers)
-    d["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
-    d["_modules"] = {k: None if v is None else share_copy(v) for k, v in module._modules.items()}
-    return new
-
-
-def set_attr(root: nn.Module, qualname: str, value: object, persistent: bool = True) -> None:
-    """Install ``value`` at ``qualname`` under ``root``, creating container modules on the way."""
-    *path, leaf = qualname.split(".")
-    mod = root
-    for part in path:
-        child = getattr(mod, part, None)
-        if not isinstance(child, nn.Module):
-            child = nn.Module()
-            mod.add_module(part, child)
-        mod = child
-    if isinstance(value, nn.Parameter):
-        mod.register_parameter(leaf, value)
-    elif isinstance(value, torch.Tensor):
-        if leaf in mod._parameters:
-            del mod._parameters[leaf]
-        mod.register_buffer(leaf, value, persistent=persistent)
-    elif isinstance(value, nn.Module):
-        mod.add_module(leaf, value)
-    else:
-        setattr(mod, leaf, value)
-
-
-def _has(root: nn.Module, qualname: str) -> bool:
-    try:
-        _get(root, qualname)
-        return True
-    except AttributeError:
-        return False
-
-
-def _rebuild(model: nn.Module, graph: fx.Graph, resolve, cls: type[fx.GraphModule]):
-    """A GraphModule over ``graph`` holding the model's tensors under their original names."""
-    root = nn.Module()
-    for node in graph.nodes:
-        if node.op == "call_module" and not _has(root, str(node.target)):
-            set_attr(root, str(node.target), share_copy(resolve(str(node.target))))
-    for node in graph.nodes:
-        target = str(node.target)
-        if node.op == "get_attr" and not _has(root, target):
-            set_attr(root, target, _get(model, target) if _has(model, target) else resolve(target))
-    gm = cls(root, graph, class_name=type(model).__name__)
-    install_tensors(gm, model)
-    gm.train(model.training)
-    return gm
-
-
-def install_tensors(gm: nn.Module, model: nn.Module) -> None:
-    """Give ``gm`` every parameter and buffer of ``model`` under its original name (shared)."""
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if not _has(gm, name):
-            set_attr(gm, name, p)
-    for mod_name, mod in model.named_modules(remove_duplicate=False):
-        for b_name, b in mod._buffers.items():
-            name = f"{mod_name}.{b_name}" if mod_name else b_name
-            if b is not None and not _has(gm, name):
-                set_attr(gm, name, b, persistent=b_name not in mod._non_persistent_buffers_set)
-
-
 def _recapture(gm: fx.GraphModule) -> Capture:
     """The graph amprewrite captured for an already transformed GraphModule: its own graph (no
     re-trace, node names kept) without the casts amprewrite inserted, so transforming twice
@@ -747,7 +403,7 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     for node in graph.nodes:
         M.reset(node)
     cls = DynamoGraphModule if isinstance(gm, DynamoGraphModule) else fx.GraphModule
-    new = _rebuild(gm, graph, lambda target: _get(gm, target), cls)
+    new = rebuild(gm, graph, lambda target: get_attr(gm, target), cls)
     training = getattr(gm, "_amp_captured_training", None)
     if isinstance(new, DynamoGraphModule):
         new._amp_captured_training = training

@@ -29,7 +29,7 @@ from .api import transform_with
 from .capture import capture
 from .errors import AmpRewriteError
 from .numerics import check_numerics, find_fp32_nodes, rel_err
-from .ops import families_markdown
+from .coverage import families_markdown
 from .policy import Policy, parse_dtype
 from .render import node_table, to_dot, to_svg
 from .report import report

@@ -13,9 +13,9 @@ import functools
 
 import torch
 
-from .ops import family_for_function, family_for_method
+from .ops import FAMILIES, Family, Mixed, Precision, family_for_function, family_for_method
 
-__all__ = ["FP32_BY_DEFAULT", "coverage", "overridable_ops"]
+__all__ = ["FP32_BY_DEFAULT", "coverage", "families_markdown", "overridable_ops"]
 
 # Public ops no family claims: they run in fp32 (the unknown-op default), which is right or
 # harmless for each. Reviewed by hand; the coverage test fails on any public op not here.
@@ -93,3 +93,70 @@ def coverage() -> dict[str, int]:
     for space, name, fn in overridable_ops():
         counts[status(space, name, fn)] += 1
     return counts
+
+
+def families_markdown() -> str:
+    """The op-family table as Markdown (docs/families.md is this output)."""
+    def spell(f: Family) -> str:
+        names = [f"`{_spelled(fn)}`" for fn in f.functions]
+        names += [f"`Tensor.{m}`" for m in f.methods]
+        names += [f"`nn.{m.__name__}`" for m in f.modules]
+        names += [f"`torch.ops.{n.replace('::', '.')}`" for n in f.op_names]
+        return ", ".join(names)
+
+    counts = coverage()
+    lines = [
+        "# Op families and precision classes",
+        "",
+        "Generated from `amprewrite/ops.py` by `amprewrite families > docs/families.md`;",
+        "a test fails when this file and the registry disagree.",
+        "",
+        "An op the registry does not know runs in **fp32** with its inputs cast up, and the",
+        "report names it (`unknown op 'torch.foo': fp32; allow_low=['node:…'] to override`).",
+        "Unknown leaf modules run in fp32 on their own fp32 parameters. `bounded` families end a",
+        "position cone; `indices` families read integer inputs as indices, so they start none.",
+        "Before a node runs in low precision, its kernel is probed once per (op, dtype, device):",
+        "a missing or wrong low-precision kernel makes it an fp32 island.",
+        "An FP32 family with a mixed signature (`reads low, writes low` or `reads low with",
+        "dtype=float32`) computes in float32 from a low input without an fp32 copy of it, where",
+        "the kernel probe confirms the signature on the target device (guide, \"Compute dtype",
+        "and storage dtype\").",
+        "",
+        "## Coverage of `torch.overrides.get_overridable_functions()`",
+        "",
+        "| | functions and Tensor methods |",
+        "|---|---|",
+        f"| in a family, float results | {counts['known']} |",
+        f"| in a family, no float results (`nonfloat`) | {counts['not float']} |",
+        f"| fp32 by default (reviewed list in `amprewrite/coverage.py`) | "
+        f"{counts['fp32 by default']} |",
+        f"| private (`_name`), not counted | {counts['private']} |",
+        "",
+    ]
+    for cls in Precision:
+        fams = [f for f in FAMILIES.values() if f.precision == cls]
+        if not fams:
+            continue
+        lines += [f"## {cls.name}", "", "| family | notes | spellings |", "|---|---|---|"]
+        for f in fams:
+            notes = [n for n, on in (("bounded", f.bounded), ("indices", not f.numeric),
+                                     ("per-node", f.classify is not None or f.refine is not None),
+                                     ("random", f.random), ("needs float", f.needs_float))
+                     if on]
+            notes += [_MIXED_NOTE[m] for m in f.mixed]
+            if f.why:
+                notes.append(f.why)
+            lines.append(f"| `{f.name}` | {', '.join(notes)} | {spell(f)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+_MIXED_NOTE = {Mixed.LOW_IO: "reads low, writes low (fp32 weights, computes in fp32)",
+               Mixed.DTYPE_ARG: "reads low with dtype=float32"}
+
+
+def _spelled(fn: object) -> str:
+    module = getattr(fn, "__module__", None) or "torch"
+    module = {"_operator": "operator", "torch._C._nn": "torch._C._nn",
+              "torch._C._VariableFunctions": "torch"}.get(module, module)
+    return f"{module}.{getattr(fn, '__name__', fn)}"

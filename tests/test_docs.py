@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from amprewrite.ops import FAMILIES, families_markdown
+from amprewrite.coverage import families_markdown
+from amprewrite.ops import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -50,6 +50,7 @@ from torch import fx, nn
 from .. import meta as M
 from ..errors import ModelError
 from ..meta import ValueInfo, info
+from ..modules import get_attr
 from ..ops import is_conversion
 from ..report import record
 from ..runtime import setitem, write_view
@@ -370,7 +371,7 @@ class _Functionalizer:
         if _op_name(node) in _METADATA_WRITES:
             raise _unsupported(node, "it changes the tensor's shape or storage, not its values")
         if r.op == "get_attr" and not _traced_constant(r):
-            value = _resolve(self.gm, r)
+            value = get_attr(self.gm, str(r.target), None)
             if isinstance(value, nn.Parameter) and value.is_floating_point():
                 # A buffer update (running statistics, spectral_norm's power iteration) is
                 # data flow like any other and copied back at the end. A Parameter is refused:
@@ -502,13 +503,6 @@ def _traced_constant(node: fx.Node) -> bool:
     """A tensor symbolic tracing made by running ``torch.zeros(4, 8)`` once: the model makes
     it anew on every call, so a write into it is a local value, not a state update."""
     return node.op == "get_attr" and str(node.target).startswith("_tensor_constant")
-
-
-def _resolve(gm: fx.GraphModule, node: fx.Node) -> object:
-    obj: object = gm
-    for part in str(node.target).split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 def _function_counterpart(fn: object) -> object | None:

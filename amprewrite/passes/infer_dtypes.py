@@ -16,6 +16,7 @@ from torch import fx
 
 from .. import meta as M
 from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
+from ..modules import get_attr
 from ..ops import Out, conversion_target, family_of, op_name, reads_values
 from .base import Kind, Pass
 
@@ -97,10 +98,7 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
     if node.op == "placeholder":
         return UNKNOWN_TENSOR
     if node.op == "get_attr":
-        obj = gm
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part)
-        return M.info_from_value(obj)
+        return M.info_from_value(get_attr(gm, str(node.target)))
     if node.op == "call_module":
         return _module_info(gm, node)
     fam = family_of(node)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from .. import meta as M
+from ..modules import hooked
 from ..ops import lowering
 from .base import Builder, Kind, Match, Replacement, Rule, RulePass
 
@@ -40,15 +41,11 @@ class _Attrs:
         return self.build.call(F.pad, x, pad, mode=mode, value=self.node.meta.get(M.ORIG))
 
 
-def _hooked(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks)
-
-
 def _lower(m: Match) -> Replacement | None:
     node = m.node
     mod = m.gm.get_submodule(str(node.target))
     rule = lowering(mod)
-    if rule is None or _hooked(mod) or node.kwargs or len(node.args) != 1:
+    if rule is None or hooked(mod) or node.kwargs or len(node.args) != 1:
         return None
     target, args, kwargs = rule(mod, node.args[0], _Attrs(m.build, node, mod, str(node.target)))
     new = M.copy_provenance(node, m.build.call(target, *args, **kwargs), value=True)

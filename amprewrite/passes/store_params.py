@@ -21,8 +21,8 @@ import torch
 from torch import fx, nn
 
 from .. import meta as M
-from ..capture import set_attr
 from ..meta import HIGH, LOW
+from ..modules import set_attr
 from ..ops import Precision
 from ..report import record
 from .base import Kind, Pass

@@ -13,41 +13,17 @@ import functools
 
 import torch
 
-from .ops import FAMILIES, Family, Mixed, Precision, family_for_function, family_for_method
+from .ops import (
+    FAMILIES,
+    FP32_BY_DEFAULT,
+    Family,
+    Mixed,
+    Precision,
+    family_for_function,
+    family_for_method,
+)
 
 __all__ = ["FP32_BY_DEFAULT", "coverage", "families_markdown", "overridable_ops"]
-
-# Public ops no family claims: they run in fp32 (the unknown-op default), which is right or
-# harmless for each. Reviewed by hand; the coverage test fails on any public op not here.
-FP32_BY_DEFAULT: frozenset[str] = frozenset({
-    # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32).
-    "lstm", "gru", "rnn_tanh", "rnn_relu",
-    # A composite traced through by both captures; only called whole by a symbolic trace.
-    "multi_head_attention_forward",
-    # Tuple of differences (arithmetic); rare in models.
-    "gradient",
-    # Sparse and MKL-DNN layouts: values of a sparse tensor, sparse matmuls, layout moves.
-    "values", "values_copy", "to_sparse", "sparse_mask", "to_mkldnn", "hsmm", "hspmm", "saddmm",
-    "smm", "sspaddmm", "sparse_resize_", "sparse_resize_and_clear_",
-    # Quantization: integer storage or fp32 scales; amprewrite leaves quantized models alone.
-    "dequantize", "int_repr", "quantize_per_channel", "quantize_per_tensor",
-    "quantize_per_tensor_dynamic", "q_per_channel_axis", "q_per_channel_scales",
-    "q_per_channel_zero_points", "q_scale", "q_zero_point", "qscheme", "quantized_batch_norm",
-    "quantized_gru_cell", "quantized_lstm_cell", "quantized_max_pool1d", "quantized_max_pool2d",
-    "quantized_max_pool3d", "quantized_rnn_relu_cell", "quantized_rnn_tanh_cell",
-    "fake_quantize_per_channel_affine", "fake_quantize_per_tensor_affine",
-    "fused_moving_avg_obs_fake_quant", "choose_qparams_optimized",
-    # Vendor kernels (FBGEMM int8/fp16 weights, MIOpen): their own precision contracts.
-    "fbgemm_linear_fp16_weight", "fbgemm_linear_fp16_weight_fp32_activation",
-    "fbgemm_linear_int8_weight", "fbgemm_linear_int8_weight_fp32_activation",
-    "fbgemm_linear_quantize_weight", "fbgemm_pack_gemm_matrix_fp16",
-    "fbgemm_pack_quantized_matrix", "miopen_batch_norm", "miopen_convolution",
-    "miopen_convolution_add_relu", "miopen_convolution_relu", "miopen_convolution_transpose",
-    "miopen_depthwise_convolution", "miopen_rnn",
-    # Python callbacks, storage resizing and advanced indexing by a C++ index object.
-    "apply_", "map_", "map2_", "resize", "resize_", "resize_as", "resize_as_", "set_", "index",
-    "autocast", "__get__", "resize_as_sparse_",
-})
 
 
 def _name(fn: object) -> str:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
-import operator
 import os
 import re
 from dataclasses import dataclass
@@ -282,18 +281,3 @@ def running_pass(name: str):
         yield
     finally:
         _PASS.reset(token)
-
-
-def is_inplace(node: fx.Node) -> bool:
-    """Does ``node`` write into its first argument (``x.add_(y)``, ``F.relu(x, inplace=True)``)?"""
-    if node.kwargs.get("inplace") is True:
-        return True
-    if node.op == "call_method":
-        name = str(node.target)
-        return name.endswith("_") and not name.endswith("__")
-    if node.op == "call_function":
-        if node.target in (operator.iadd, operator.isub, operator.imul, operator.itruediv):
-            return True
-        name = getattr(node.target, "__name__", "")
-        return name.endswith("_") and not name.endswith("__") and not name.startswith("_")
-    return False

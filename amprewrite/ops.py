@@ -25,6 +25,7 @@ import builtins
 import enum
 import functools
 import inspect
+import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,17 +41,23 @@ from .modules import get_attr
 
 __all__ = [
     "FAMILIES",
+    "Alias",
     "Family",
     "Mixed",
     "Out",
     "Precision",
+    "Write",
+    "alias_of",
     "family_for_function",
     "family_for_method",
     "family_for_module",
     "family_of",
+    "inplace_counterpart",
     "op_name",
     "reads_values",
     "register_family",
+    "write_of",
+    "writes_in_place",
 ]
 
 
@@ -102,6 +109,23 @@ class Mixed(enum.Enum):
     DTYPE_ARG = "dtype_arg"
 
 
+class Alias(enum.Enum):
+    """What an op's result shares storage with (``functionalize`` replays writes through it)."""
+
+    VIEW = "view"  # a view of the first argument (x.view, x.transpose, x.T)
+    MAYBE_VIEW = "maybe_view"  # sometimes a view, sometimes a copy (reshape of a strided tensor)
+    MULTI = "multi"  # views of several arguments (broadcast_tensors): not re-derivable
+
+
+class Write(enum.Enum):
+    """What an op named like an in-place op (``x.op_``) does to its first argument."""
+
+    DATA = "data"  # writes values the out-of-place ``op`` computes (the default for ``op_``)
+    CLONE = "clone"  # writes values, but ``op`` means something else: run on a private copy
+    METADATA = "metadata"  # changes the tensor's shape or strides, not its values
+    NONE = "none"  # writes nothing the graph reads (requires_grad_, share_memory_)
+
+
 # Module form: (module, input node, attribute-node maker) -> (function, args, kwargs).
 Lowering = Callable[[nn.Module, fx.Node, object], tuple]
 
@@ -151,6 +175,13 @@ class Family:
     # kernel probe confirms one. None / (): a low input is copied to fp32 first (an island).
     accumulate: torch.dtype | None = None
     mixed: tuple[Mixed, ...] = ()
+    # Aliasing, per op name as :func:`op_name` spells it (attributes by their name: "T"): which
+    # results share storage with an argument (:class:`Alias`).
+    aliases: Mapping[str, Alias] = field(default_factory=dict, compare=False)
+    # In-place spellings that are not "write what ``op`` computes" (:class:`Write`), by name.
+    writes: Mapping[str, Write] = field(default_factory=dict, compare=False)
+    # In-place operator functions and their out-of-place forms (operator.iadd -> operator.add).
+    inplace: Mapping[Callable, Callable] = field(default_factory=dict, compare=False)
     # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
     # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
     op_names: tuple[str, ...] = ()
@@ -233,14 +264,88 @@ def _arg(node: fx.Node, index: int, name: str, default: object = None) -> object
     return args[index] if 0 <= index < len(args) else default
 
 
+# Upsampling modes that copy values (exact in any dtype), and the input rank of the others.
+NEAREST_MODES = ("nearest", "nearest-exact")
+MODE_RANK: Mapping[str, int] = MappingProxyType(
+    {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5})
+# Factories whose dtype follows their data, and those whose integer arguments give int64
+# (``arange(n)``) and float ones the default float.
+FACTORY_FROM_DATA = frozenset({"tensor", "as_tensor", "asarray", "from_numpy"})
+FACTORY_RANGE = frozenset({"arange", "range", "full", "scalar_tensor"})
+# ATen ops that draw dropout masks (verification draws them as fp32 does in every run).
+MASK_DRAWS = frozenset({torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_,
+                        torch.ops.aten.native_dropout})
+# Public ops no family claims: they run in fp32 (the unknown-op default), which is right or
+# harmless for each. Reviewed by hand; the coverage test (amprewrite/coverage.py) fails on
+# any public op not here.
+FP32_BY_DEFAULT: frozenset[str] = frozenset({
+    # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32).
+    "lstm", "gru", "rnn_tanh", "rnn_relu",
+    # A composite traced through by both captures; only called whole by a symbolic trace.
+    "multi_head_attention_forward",
+    # Tuple of differences (arithmetic); rare in models.
+    "gradient",
+    # Sparse and MKL-DNN layouts: values of a sparse tensor, sparse matmuls, layout moves.
+    "values", "values_copy", "to_sparse", "sparse_mask", "to_mkldnn", "hsmm", "hspmm", "saddmm",
+    "smm", "sspaddmm", "sparse_resize_", "sparse_resize_and_clear_",
+    # Quantization: integer storage or fp32 scales; amprewrite leaves quantized models alone.
+    "dequantize", "int_repr", "quantize_per_channel", "quantize_per_tensor",
+    "quantize_per_tensor_dynamic", "q_per_channel_axis", "q_per_channel_scales",
+    "q_per_channel_zero_points", "q_scale", "q_zero_point", "qscheme", "quantized_batch_norm",
+    "quantized_gru_cell", "quantized_lstm_cell", "quantized_max_pool1d", "quantized_max_pool2d",
+    "quantized_max_pool3d", "quantized_rnn_relu_cell", "quantized_rnn_tanh_cell",
+    "fake_quantize_per_channel_affine", "fake_quantize_per_tensor_affine",
+    "fused_moving_avg_obs_fake_quant", "choose_qparams_optimized",
+    # Vendor kernels (FBGEMM int8/fp16 weights, MIOpen): their own precision contracts.
+    "fbgemm_linear_fp16_weight", "fbgemm_linear_fp16_weight_fp32_activation",
+    "fbgemm_linear_int8_weight", "fbgemm_linear_int8_weight_fp32_activation",
+    "fbgemm_linear_quantize_weight", "fbgemm_pack_gemm_matrix_fp16",
+    "fbgemm_pack_quantized_matrix", "miopen_batch_norm", "miopen_convolution",
+    "miopen_convolution_add_relu", "miopen_convolution_relu", "miopen_convolution_transpose",
+    "miopen_depthwise_convolution", "miopen_rnn",
+    # Python callbacks, storage resizing and advanced indexing by a C++ index object.
+    "apply_", "map_", "map2_", "resize", "resize_", "resize_as", "resize_as_", "set_", "index",
+    "autocast", "__get__", "resize_as_sparse_",
+})
+
+# Python arithmetic on sizes (a size known only at run time: ``x.size(2) * 2``).
+SIZE_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv,
+                             operator.truediv, operator.neg, math.floor, math.ceil, builtins.int,
+                             builtins.float, builtins.round, torch.ops.aten.sym_size.int})
+# The functions that take interpolate's (input, size, scale_factor, mode, ...) arguments.
+INTERPOLATE_FUNCTIONS = (F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear)
+
+
+def upsample_mode(node: fx.Node, module: nn.Module | None = None) -> str | None:
+    """The interpolation mode of an upsampling node: its ``mode`` argument, its module's
+    ``mode``, or the mode its op's name fixes (``upsample_bilinear``,
+    ``torch._C._nn.upsample_bilinear2d``, ``aten._upsample_nearest_exact2d``); None when the node
+    is no upsampling.
+
+    >>> import operator
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> upsample_mode(g.call_function(torch._C._nn.upsample_bilinear2d, (x, (4, 4), False)))
+    'bilinear'
+    >>> upsample_mode(g.call_function(F.interpolate, (x,), {"scale_factor": 2.0}))
+    'nearest'
+    """
+    if module is not None:
+        return getattr(module, "mode", "nearest")
+    target = node.target
+    if target in (F.interpolate, F.upsample):
+        mode = _arg(node, 3, "mode", "nearest")  # (input, size, scale_factor, mode, ...)
+        return mode if isinstance(mode, str) else None
+    name = getattr(target, "__name__", "") if not isinstance(target, str) else target
+    name = name.split(".")[0].lstrip("_")
+    if not name.startswith("upsample_"):
+        return None
+    mode = name[len("upsample_"):].rstrip("123d").rstrip("_")
+    return {"nearest_exact": "nearest-exact"}.get(mode, mode)
+
+
 def _interpolate(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
-    if node.target is F.upsample_bilinear:
-        mode = "bilinear"
-    elif node.target is F.upsample_nearest:
-        mode = "nearest"
-    else:
-        mode = _arg(node, 3, "mode", "nearest")  # F.interpolate(input, size, scale, mode, ...)
-    if mode in ("nearest", "nearest-exact"):
+    mode = upsample_mode(node)
+    if mode in NEAREST_MODES:
         return Precision.NEUTRAL, f"{mode} interpolate copies values: exact in any dtype"
     return None
 
@@ -580,7 +685,8 @@ _TABLE: list[Family] = [
     _op("matmul", L, ["matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv",
                       "einsum", "tensordot", "chain_matmul", "multi_dot", "dot", "vdot", "inner",
                       "outer", "ger", "addr", "vecdot", "_addmm_activation", "_grouped_mm"],
-        functions=[operator.matmul], needs_float=True),
+        functions=[operator.matmul], needs_float=True,
+        inplace={operator.imatmul: operator.matmul}),
     _op("rnn_cell", L, ["lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"],
         needs_float=True),
     _op("scaled_dot_product_attention", L, ["scaled_dot_product_attention"]),
@@ -621,7 +727,8 @@ _TABLE: list[Family] = [
     _op("log", H, ["log", "log2", "log10", "xlogy"], out=Out.FLOAT),
     _op("log1p", H, ["log1p"], out=Out.FLOAT),
     # x ** 2 overflows fp16 from 256 on; ``x * x`` and ``square`` are spellings of it.
-    _op("pow", H, ["pow", "float_power", "square"], functions=[operator.pow, operator.ipow]),
+    _op("pow", H, ["pow", "float_power", "square"], functions=[operator.pow, operator.ipow],
+        inplace={operator.ipow: operator.pow}),
     _op("reciprocal", H, ["reciprocal"], out=Out.FLOAT),
     _op("rsqrt", H, ["rsqrt"], out=Out.FLOAT),
     _op("softplus", H, ["softplus"], modules=["Softplus"], out=Out.FLOAT),
@@ -657,12 +764,13 @@ _TABLE: list[Family] = [
     _op("ifft_real", H, _IFFT_REAL, out=Out.REAL,
         why="reads complex spectra, which keep the model's dtype; no bf16 FFT kernels"),
     _op("complex", H, ["view_as_complex", "polar", "complex", "view_as_complex_copy"],
-        out=Out.COMPLEX, why="complex results: no bf16 complex dtype, few complex32 kernels"),
+        out=Out.COMPLEX, aliases={"view_as_complex": Alias.VIEW},
+        why="complex results: no bf16 complex dtype, few complex32 kernels"),
     _op("angle", H, ["angle"], out=Out.REAL),
     _op("complex_parts", N, ["view_as_real", "real", "imag", "conj", "conj_physical",
                              "resolve_conj", "resolve_neg", "fft.fftfreq", "fft.rfftfreq",
                              "view_as_real_copy"],
-        out=Out.REAL),
+        out=Out.REAL, aliases=dict.fromkeys(["view_as_real", "real", "imag"], Alias.VIEW)),
     # FP32: sampling (coordinates lose sub-pixel precision; bf16 grid_sample on CPU returns
     # garbage, 9.5e31 errors measured with torch 2.13).
     _op("sampling", H, ["grid_sample", "affine_grid", "grid_sampler", "grid_sampler_2d",
@@ -678,10 +786,14 @@ _TABLE: list[Family] = [
         functions=[operator.add, operator.sub, operator.mul, operator.neg, operator.iadd,
                    operator.isub, operator.imul, operator.floordiv, operator.mod, operator.pos,
                    operator.abs, operator.ifloordiv, operator.imod],
+        inplace={operator.iadd: operator.add, operator.isub: operator.sub,
+                 operator.imul: operator.mul, operator.ifloordiv: operator.floordiv,
+                 operator.imod: operator.mod},
         refine=_arith_refine),
     _op("embedding_bag", P, ["embedding_bag"], modules=["EmbeddingBag"], numeric=False),
     _op("div", P, ["div", "divide", "true_divide", "sqrt"],
-        functions=[operator.truediv, operator.itruediv], out=Out.FLOAT, refine=_arith_refine),
+        functions=[operator.truediv, operator.itruediv], out=Out.FLOAT, refine=_arith_refine,
+        inplace={operator.itruediv: operator.truediv}),
     _op("activation", P, ["gelu", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
                           "hardswish", "hardsigmoid", "softsign", "logsigmoid", "glu", "prelu",
                           "tanhshrink", "softshrink", "hardshrink", "rrelu", "log_sigmoid",
@@ -734,7 +846,10 @@ _TABLE: list[Family] = [
     _op("random", P, ["rand", "randn", "normal", "rand_like", "randn_like", "bernoulli",
                       "poisson", "binomial", "uniform", "exponential", "cauchy", "log_normal",
                       "geometric", "random", "_standard_gamma", "_sample_dirichlet"],
-        out=Out.FACTORY, random=True, probe=False),
+        out=Out.FACTORY, random=True, probe=False,
+        # x.normal_() draws into x; torch.normal(x) would read x as the mean.
+        writes=dict.fromkeys(["bernoulli_", "random_", "normal_", "uniform_", "exponential_",
+                              "geometric_", "log_normal_", "cauchy_"], Write.CLONE)),
     # NEUTRAL: exact in any dtype (copies, selections, sign-preserving clamps at 0).
     _op("relu", N, ["relu", "relu6", "hardtanh"], modules=["ReLU", "ReLU6", "Hardtanh"],
         lower={nn.ReLU: lambda m, x, attr: (F.relu, (x,), {"inplace": m.inplace})}),
@@ -760,6 +875,7 @@ _TABLE: list[Family] = [
                      "diagonal_scatter", "as_strided_scatter", "block_diag", "cartesian_prod",
                      "combinations"],
         numeric=False, classify=_accumulates,
+        aliases=dict.fromkeys(["select", "narrow", "diagonal"], Alias.VIEW),
         # What is written or read is a number; the index and mask arguments are not.
         values=("self", "input", "src", "source", "value", "values")),
     _op("getitem", N, [], functions=[operator.getitem], methods=["__getitem__"], numeric=False,
@@ -777,11 +893,15 @@ _TABLE: list[Family] = [
     # In-place fills and copies (after functionalize: on private clones or graph inputs).
     # copy_(src) and fill_(tensor) convert the numbers they write to the written tensor's dtype.
     _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False,
-        values=("src", "value")),
+        values=("src", "value"),
+        writes=dict.fromkeys(["fill_", "zero_", "copy_", "fill_diagonal_", "index_fill_",
+                              "map_", "apply_"], Write.CLONE)),
     # Autograd and storage bookkeeping: the value passes through unchanged.
     _op("autograd", N, ["requires_grad_", "retain_grad", "register_hook",
                         "register_post_accumulate_grad_hook", "backward", "record_stream",
-                        "share_memory_", "module_load"], probe=False),
+                        "share_memory_", "module_load"], probe=False,
+        aliases={"requires_grad_": Alias.VIEW},
+        writes=dict.fromkeys(["requires_grad_", "share_memory_", "retain_grad_"], Write.NONE)),
     _op("shape", N, ["reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute",
                      "transpose", "swapaxes", "swapdims", "movedim", "moveaxis", "t", "adjoint",
                      "broadcast_to", "flip", "fliplr", "flipud", "roll", "rot90", "clone",
@@ -803,12 +923,26 @@ _TABLE: list[Family] = [
                  "ConstantPad2d", "ConstantPad3d", "ReflectionPad1d", "ReflectionPad2d",
                  "ReflectionPad3d", "ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d",
                  "CircularPad1d", "CircularPad2d", "CircularPad3d"],
-        lower={nn.Flatten: lambda m, x, attr: (torch.flatten, (x, m.start_dim, m.end_dim), {})}),
+        lower={nn.Flatten: lambda m, x, attr: (torch.flatten, (x, m.start_dim, m.end_dim), {})},
+        aliases={**dict.fromkeys(
+            ["view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "unflatten",
+             "movedim", "moveaxis", "swapaxes", "swapdims", "as_strided", "unfold", "detach",
+             "alias", "expand", "expand_as", "T", "mT", "H", "mH", "data"], Alias.VIEW),
+                 **dict.fromkeys(["reshape", "reshape_as", "flatten", "contiguous"],
+                                 Alias.MAYBE_VIEW),
+                 **dict.fromkeys(["atleast_1d", "atleast_2d", "atleast_3d"], Alias.MULTI)},
+        writes=dict.fromkeys(["t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
+                              "swapdims_", "swapaxes_", "resize_", "resize_as_", "set_",
+                              "detach_"], Write.METADATA)),
     _op("split", N, ["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
                      "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "hsplit",
                      "vsplit", "dsplit", "meshgrid", "split_copy", "split_with_sizes_copy",
-                     "unbind_copy"], out=Out.SPLIT),
-    _op("broadcast", N, ["broadcast_tensors"], out=Out.BROADCAST),
+                     "unbind_copy"], out=Out.SPLIT,
+        aliases={**dict.fromkeys(["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
+                                  "hsplit", "vsplit", "dsplit"], Alias.VIEW),
+                 "meshgrid": Alias.MULTI}),
+    _op("broadcast", N, ["broadcast_tensors"], out=Out.BROADCAST,
+        aliases={"broadcast_tensors": Alias.MULTI}),
     _op("join", N, ["cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack",
                     "column_stack", "row_stack"], out=Out.CAT),
     _op("repeat", N, ["repeat_interleave", "tile"]),
@@ -835,10 +969,13 @@ _TABLE: list[Family] = [
                        "logical_xor", "any", "all", "isclose", "isin", "signbit"],
         functions=[operator.eq, operator.ne, operator.lt, operator.le, operator.gt, operator.ge,
                    operator.not_, operator.and_, operator.or_, operator.xor, operator.invert],
-        out=Out.BOOL, probe=False),
+        out=Out.BOOL, probe=False,
+        inplace={operator.iand: operator.and_, operator.ior: operator.or_,
+                 operator.ixor: operator.xor}),
     _op("bitwise", X, ["bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
                        "bitwise_left_shift", "bitwise_right_shift", "gcd", "lcm"],
-        functions=[operator.lshift, operator.rshift], probe=False),
+        functions=[operator.lshift, operator.rshift], probe=False,
+        inplace={operator.ilshift: operator.lshift, operator.irshift: operator.rshift}),
     _op("indices", X, ["argmax", "argmin", "argsort", "nonzero", "nonzero_static",
                        "searchsorted", "bucketize", "argwhere", "count_nonzero", "randint",
                        "randint_like", "randperm", "multinomial", "tril_indices", "triu_indices",
@@ -891,6 +1028,9 @@ _BY_FUNCTION: dict[object, Family] = {}
 _BY_METHOD: dict[str, Family] = {}
 _BY_MODULE: dict[type, Family] = {}
 _BY_OP_NAME: dict[str, Family] = {}
+_ALIASES: dict[str, Alias] = {}
+_WRITES: dict[str, Write] = {}
+_INPLACE: dict[Callable, Callable] = {}
 
 
 def register_family(family: Family) -> Family:
@@ -908,7 +1048,16 @@ def _reindex() -> None:
     _BY_METHOD.clear()
     _BY_MODULE.clear()
     _BY_OP_NAME.clear()
+    _ALIASES.clear()
+    _WRITES.clear()
+    _INPLACE.clear()
     for fam in _FAMILIES.values():
+        for key, alias in fam.aliases.items():
+            _ALIASES.setdefault(key, alias)
+        for key, write in fam.writes.items():
+            _WRITES.setdefault(key, write)
+        for fn, plain in fam.inplace.items():
+            _INPLACE.setdefault(fn, plain)
         for name in fam.op_names:
             _BY_OP_NAME.setdefault(name, fam)
         for fn in fam.functions:
@@ -981,8 +1130,8 @@ def precision_of(node: fx.Node, family: Family, module: nn.Module | None,
                  low: torch.dtype) -> tuple[Precision, str]:
     """The family's precision for this node and the reason (interpolate by mode, ...)."""
     if family.name == "interpolate" and node.op == "call_module":
-        mode = getattr(module, "mode", "nearest")
-        if mode in ("nearest", "nearest-exact"):
+        mode = upsample_mode(node, module)
+        if mode in NEAREST_MODES:
             return Precision.NEUTRAL, f"{mode} upsample copies values: exact in any dtype"
     elif family.classify is not None:
         refined = family.classify(node, low)
@@ -1020,6 +1169,85 @@ def reads_values(node: fx.Node) -> bool:
     if fam is not None:
         return not fam.metadata
     return not op_name(node).startswith("sym_")
+
+
+def alias_of(name: str) -> Alias | None:
+    """What the result of the op (or tensor attribute) ``name`` shares storage with; None: a
+    new tensor.
+
+    >>> alias_of("transpose"), alias_of("reshape"), alias_of("add")
+    (<Alias.VIEW: 'view'>, <Alias.MAYBE_VIEW: 'maybe_view'>, None)
+    """
+    return _ALIASES.get(name)
+
+
+def function_counterpart(fn: object) -> Callable | None:
+    """``torch.relu_`` -> ``torch.relu``, ``F.elu_`` -> ``F.elu``: the out-of-place function
+    next to an in-place one in the same namespace, if there is one."""
+    name = getattr(fn, "__name__", "")
+    for space in _NAMESPACES:
+        if getattr(space, name, None) is fn:
+            return getattr(space, name[:-1], None)
+    return None
+
+
+def inplace_counterpart(fn: object) -> Callable | None:
+    """The out-of-place form of an in-place operator function (``operator.iadd`` -> ``add``)."""
+    try:
+        return _INPLACE.get(fn)  # type: ignore[arg-type]
+    except TypeError:  # an unhashable callable
+        return None
+
+
+def write_of(node: fx.Node, name: str | None = None) -> Write | None:
+    """What ``node`` writes into its first argument (:class:`Write`); None when it writes
+    nothing there. ``name`` is the node's op name when the caller knows it better (the
+    attribute of a ``getattr``).
+
+    In-place operators (``x += y``), names ending in ``_`` (``x.add_``, ``torch.relu_``) and a
+    true ``inplace`` argument (``F.relu(x, inplace=True)``, also given by position) write;
+    the registry's ``writes`` say which of them write nothing, only metadata, or values the
+    out-of-place name does not compute.
+    """
+    if node.op not in ("call_method", "call_function"):
+        return None
+    if inplace_counterpart(node.target) is not None:
+        return Write.DATA
+    name = op_name(node) if name is None else name
+    if name in _WRITES:
+        write = _WRITES[name]
+        return None if write is Write.NONE else write
+    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
+        return Write.DATA
+    return Write.DATA if inplace_flag(node) else None
+
+
+def writes_in_place(node: fx.Node) -> bool:
+    """Does ``node`` write into its first argument (``x.add_(y)``, ``F.relu(x, True)``)?"""
+    return write_of(node) is not None
+
+
+def inplace_flag(node: fx.Node) -> bool:
+    """Whether ``node`` passes ``inplace=True`` (by keyword, or by position per the signature)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op != "call_function" or not callable(node.target):
+        return False
+    try:
+        i = _inplace_position(node.target)
+    except TypeError:  # an unhashable callable
+        i = _inplace_position.__wrapped__(node.target)
+    return i is not None and len(node.args) > i and node.args[i] is True
+
+
+@functools.cache
+def _inplace_position(fn: object) -> int | None:
+    """The position of ``fn``'s ``inplace`` parameter (parsing a signature costs ~0.3 ms)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("inplace") if "inplace" in params else None
 
 
 def lowering(module: nn.Module) -> Lowering | None:

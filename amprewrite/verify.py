@@ -27,6 +27,7 @@ from . import meta as M
 from .capture import capture, split_inputs
 from .errors import VerificationError
 from .modules import buffer_clone_copy, get_attr
+from .ops import MASK_DRAWS
 
 __all__ = ["CheckResult", "NodeError", "compare", "float_leaves", "rel_err", "verify_bound",
            "verify_graph"]
@@ -53,6 +54,8 @@ class CheckResult:
     finite: bool
     nodes: list[NodeError] = field(default_factory=list)  # worst first
     first_nonfinite: NodeError | None = None
+    # How many floating-point outputs were compared; 0: nothing to compare (integer outputs).
+    outputs: int = -1
 
     def passed(self, rtol: float) -> bool:
         return self.finite and self.output_error <= rtol
@@ -104,12 +107,11 @@ class _DropoutMasksInFp32(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket not in _MASK_OPS:
+        if func.overloadpacket not in MASK_DRAWS:
             return func(*args, **kwargs)
         return _in_fp32(func, args, kwargs)
 
 
-_MASK_OPS = {torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_, torch.ops.aten.native_dropout}
 
 
 def _in_fp32(func, args: tuple, kwargs: dict) -> object:
@@ -271,7 +273,7 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
         if first_bad is None and not is_finite and ref_finite:
             first_bad = row
     rows.sort(key=lambda r: -(r.rel_err if r.rel_err is not None else -1.0))
-    return CheckResult(output_error, finite, rows, first_bad)
+    return CheckResult(output_error, finite, rows, first_bad, len(outs))
 
 
 # The built-in check's rule: the graph fails when its error exceeds autocast's by this factor

@@ -295,17 +295,75 @@ def test_every_overridable_torch_function_is_classified_or_reviewed():
     assert counts["fp32 by default"] < 0.1 * sum(counts.values())
 
 
-def test_registry_is_the_only_op_table():
-    """No pass keeps op names of its own: the tables that used to live in passes are gone."""
-    from amprewrite import capture, plan
-    from amprewrite.passes import infer_dtypes, normalize, paint_precision
+def _op_tables(source: str) -> list[str]:
+    """Literal collections (set, list, tuple, dict keys) in ``source`` that name three or more
+    ops: strings that are torch / Tensor / functional callables (dtype names aside), or
+    references such as ``torch.add``, ``F.relu``, ``operator.iadd`` (classes and modules aside).
+    """
+    import ast
+    import builtins
+    import math as _math
+    import operator as _operator
 
-    for module, names in [(infer_dtypes, ["_COMPARE", "_INDEX_OUT", "_NONTENSOR",
-                                          "_FLOAT_FACTORIES", "_INT_TO_FLOAT_FAMILIES"]),
-                          (normalize, ["_RULES"]), (paint_precision, ["_CONVERSIONS"]),
-                          (plan, ["_METADATA_READS"]), (capture, ["_NEEDS_FLOAT"])]:
-        for name in names:
-            assert not hasattr(module, name), f"{module.__name__}.{name}"
+    import torch.nn.functional as F
+
+    spaces = {"torch": torch, "F": F, "operator": _operator, "math": _math, "builtins": builtins}
+
+    def op_string(value: object) -> bool:
+        return (isinstance(value, str) and value.isidentifier() and not value.startswith("__")
+                and not isinstance(getattr(torch, value, None), torch.dtype)
+                and any(callable(getattr(ns, value, None)) for ns in (torch, torch.Tensor, F)))
+
+    def op_ref(node: ast.AST) -> bool:
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not (isinstance(node, ast.Name) and node.id in spaces and parts):
+            return False
+        obj: object = spaces[node.id]
+        for part in reversed(parts):
+            obj = getattr(obj, part, None)
+        return callable(obj) and not isinstance(obj, type)
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Set, ast.List, ast.Tuple)):
+            elts = node.elts
+        elif isinstance(node, ast.Dict):
+            elts = [k for k in node.keys if k is not None]
+        else:
+            continue
+        strings = [e for e in elts if isinstance(e, ast.Constant) and op_string(e.value)]
+        refs = [e for e in elts if op_ref(e)]
+        if len(strings) >= 3 or len(refs) >= 3:
+            found.append(f"line {node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_registry_is_the_only_op_table():
+    """Every op fact lives in amprewrite/ops.py: no other module of the package keeps a table
+    of op names or op functions (views, in-place writes, conversions, upsample modes ...)."""
+    import pathlib
+
+    package = pathlib.Path(amprewrite.__file__).parent
+    tables = {str(path.relative_to(package)): _op_tables(path.read_text())
+              for path in sorted(package.rglob("*.py")) if path.name != "ops.py"}
+    assert {k: v for k, v in tables.items() if v} == {}
+    # The registry itself is found by the same check (it cannot pass by finding nothing).
+    assert len(_op_tables((package / "ops.py").read_text())) > 20
+
+
+def test_op_table_check_finds_a_table_added_outside_the_registry():
+    """The guard above fails when a module defines an op table: each spelling of one is found."""
+    assert _op_tables('_VIEWS = {"view", "transpose", "permute"}')
+    assert _op_tables("_INPLACE = {operator.iadd: operator.add, operator.isub: operator.sub,"
+                      " operator.imul: operator.mul}")
+    assert _op_tables("def f(node):\n    return node.target in (torch.add, F.relu, torch.mul)")
+    # Not op tables: dtype names, classes, modes.
+    assert not _op_tables('NAMES = {"float": 1, "half": 2, "bfloat16": 3, "int": 4}')
+    assert not _op_tables("TYPES = (torch.SymInt, torch.SymFloat, torch.dtype, torch.device)")
+    assert not _op_tables('MODES = ("nearest", "nearest-exact", "area")')
 
 
 def test_distribution_log_prob_traces_symbolically():

@@ -38,54 +38,32 @@ Rules:
 from __future__ import annotations
 
 import builtins
-import functools
 import inspect
 import operator
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from .. import meta as M
 from ..errors import ModelError
 from ..meta import ValueInfo, info
 from ..modules import get_attr
-from ..ops import is_conversion
+from ..ops import (
+    Alias,
+    Write,
+    alias_of,
+    function_counterpart,
+    inplace_counterpart,
+    inplace_flag,
+    is_conversion,
+    write_of,
+)
 from ..report import record
 from ..runtime import setitem, write_view
 from .base import Kind, Pass
 
 __all__ = ["Functionalize"]
-
-_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub,
-              operator.imul: operator.mul, operator.itruediv: operator.truediv,
-              operator.ifloordiv: operator.floordiv, operator.imod: operator.mod,
-              operator.ipow: operator.pow, operator.iand: operator.and_,
-              operator.ior: operator.or_, operator.ixor: operator.xor,
-              operator.ilshift: operator.lshift, operator.irshift: operator.rshift,
-              operator.imatmul: operator.matmul}
-# Methods ending in "_" that do not write tensor data.
-_NOT_WRITES = {"requires_grad_", "share_memory_", "retain_grad_"}
-# In-place ops whose name without "_" means something else (or nothing): run on a clone.
-_NO_COUNTERPART = {"bernoulli_", "random_", "normal_", "uniform_", "exponential_",
-                   "geometric_", "log_normal_", "cauchy_", "fill_", "zero_", "copy_",
-                   "fill_diagonal_", "index_fill_", "map_", "apply_"}
-# In-place changes of shape/strides rather than data.
-_METADATA_WRITES = {"t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_", "swapdims_",
-                    "swapaxes_", "resize_", "resize_as_", "set_", "detach_"}
-
-# View ops for graphs without fake values (symbolic traces): the result shares its input's
-# storage. Maybe-views may or may not (reshape of a non-contiguous tensor copies).
-_VIEWS = {"view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "select",
-          "narrow", "diagonal", "expand", "expand_as", "unflatten", "movedim", "moveaxis",
-          "swapaxes", "swapdims", "as_strided", "unfold", "split", "chunk", "unbind",
-          "tensor_split", "split_with_sizes", "hsplit", "vsplit", "dsplit", "real", "imag",
-          "detach", "alias", "view_as_real", "view_as_complex", "T", "mT", "H", "mH", "data",
-          "requires_grad_"}
-_MAYBE_VIEWS = {"reshape", "reshape_as", "flatten", "contiguous"}
-# Ops returning views of several inputs: aliases amprewrite cannot re-derive.
-_MULTI_VIEWS = {"broadcast_tensors", "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"}
 
 
 def _op_name(node: fx.Node) -> str:
@@ -128,28 +106,6 @@ class _Write:
     kind: str  # "method", "operator", "function", "setitem", "out", "flag"
 
 
-def _inplace_flag(node: fx.Node) -> bool:
-    if node.kwargs.get("inplace") is True:
-        return True
-    if node.op != "call_function" or not callable(node.target):
-        return False
-    try:
-        i = _inplace_position(node.target)
-    except TypeError:  # an unhashable callable
-        i = _inplace_position.__wrapped__(node.target)
-    return i is not None and len(node.args) > i and node.args[i] is True
-
-
-@functools.cache
-def _inplace_position(fn: object) -> int | None:
-    """The position of ``fn``'s ``inplace`` parameter (parsing a signature costs ~0.3 ms)."""
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    return params.index("inplace") if "inplace" in params else None
-
-
 def _write_of(node: fx.Node) -> _Write | None:
     """The write ``node`` makes, or None when it writes nothing."""
     if node.op not in ("call_method", "call_function") or not node.args:
@@ -162,16 +118,13 @@ def _write_of(node: fx.Node) -> _Write | None:
         return None
     if node.target is operator.setitem:
         return _Write(first, "setitem")
-    if node.target in _OPERATORS:
+    if inplace_counterpart(node.target) is not None:
         return _Write(first, "operator")
-    name = _op_name(node)
-    if name in _NOT_WRITES:
+    if write_of(node, _op_name(node)) is None:
         return None
-    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
-        return _Write(first, "method" if node.op == "call_method" else "function")
-    if _inplace_flag(node):
+    if inplace_flag(node) and not _op_name(node).endswith("_"):
         return _Write(first, "flag")
-    return None
+    return _Write(first, "method" if node.op == "call_method" else "function")
 
 
 def _unsupported(node: fx.Node, why: str) -> ModelError:
@@ -220,7 +173,8 @@ def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]
     name = _op_name(node)
     if first is None or first not in st.root:
         return None, True, True
-    if name in _MULTI_VIEWS:
+    alias = alias_of(name)
+    if alias is Alias.MULTI:
         return first, True, False
     if name == "__getitem__":
         if info(first).kind == "seq":
@@ -229,14 +183,14 @@ def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]
         fx.node.map_arg(node.args[1:], lambda n: index.append(n) or n)
         advanced = any(info(n).kind == "tensor" for n in index)  # x[idx] copies
         return (None, True, True) if advanced else (first, True, True)
-    if name in _VIEWS:
+    if alias is Alias.VIEW:
         return first, True, True
     if is_conversion(node):  # returns its input itself when the dtype (and device) stay
         src, dst = info(first).dtype, info(node).dtype
         if src is not None and dst is not None:
             return (first, True, True) if src == dst else (None, True, True)
         return first, False, True
-    if name in _MAYBE_VIEWS:
+    if alias is Alias.MAYBE_VIEW:
         return first, False, True
     return None, True, True
 
@@ -368,7 +322,7 @@ class _Functionalizer:
         st = self.st
         if a in st.opaque:
             raise _unsupported(node, f"it writes '{a.name}', a view amprewrite cannot replay")
-        if _op_name(node) in _METADATA_WRITES:
+        if write_of(node, _op_name(node)) is Write.METADATA:
             raise _unsupported(node, "it changes the tensor's shape or storage, not its values")
         if r.op == "get_attr" and not _traced_constant(r):
             value = get_attr(self.gm, str(r.target), None)
@@ -430,7 +384,7 @@ class _Functionalizer:
             if write.kind == "setitem":
                 value = g.call_function(setitem, tuple(args))
             elif write.kind == "operator":
-                value = g.call_function(_OPERATORS[node.target], tuple(args), kwargs)
+                value = g.call_function(inplace_counterpart(node.target), tuple(args), kwargs)
             elif write.kind == "out":
                 kwargs.pop("out")
                 value = g.create_node(node.op, node.target, tuple(args), kwargs)
@@ -450,10 +404,10 @@ class _Functionalizer:
     def _counterpart(self, node: fx.Node, name: str, args: tuple, kwargs: dict) -> fx.Node:
         g = self.graph
         plain = name[:-1]
-        function = _function_counterpart(node.target) if node.op == "call_function" else None
+        function = function_counterpart(node.target) if node.op == "call_function" else None
         if function is not None:
             return g.call_function(function, args, kwargs)
-        if name not in _NO_COUNTERPART and hasattr(torch.Tensor, plain):
+        if write_of(node, name) is not Write.CLONE and hasattr(torch.Tensor, plain):
             return g.call_method(plain, args, kwargs)
         if name == "zero_" and not kwargs:
             return g.call_function(torch.zeros_like, (args[0],))
@@ -503,16 +457,6 @@ def _traced_constant(node: fx.Node) -> bool:
     """A tensor symbolic tracing made by running ``torch.zeros(4, 8)`` once: the model makes
     it anew on every call, so a write into it is a local value, not a state update."""
     return node.op == "get_attr" and str(node.target).startswith("_tensor_constant")
-
-
-def _function_counterpart(fn: object) -> object | None:
-    """``torch.relu_`` -> ``torch.relu``, ``F.elu_`` -> ``F.elu``: the out-of-place function
-    next to an in-place one in the same namespace, if there is one."""
-    name = getattr(fn, "__name__", "")
-    for space in (torch, F, torch._C._nn, torch.special, torch.linalg):
-        if getattr(space, name, None) is fn:
-            return getattr(space, name[:-1], None)
-    return None
 
 
 class Functionalize(Pass):

@@ -17,7 +17,15 @@ from torch import fx
 from .. import meta as M
 from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
 from ..modules import get_attr
-from ..ops import Out, conversion_target, family_of, op_name, reads_values
+from ..ops import (
+    FACTORY_FROM_DATA,
+    FACTORY_RANGE,
+    Out,
+    conversion_target,
+    family_of,
+    op_name,
+    reads_values,
+)
 from .base import Kind, Pass
 
 __all__ = ["InferDtypes", "infer_value"]
@@ -174,9 +182,9 @@ def _factory(node: fx.Node, first: ValueInfo) -> ValueInfo:
         return ValueInfo("tensor", d)
     if name.endswith("_like") or name.startswith("new_"):
         return ValueInfo("tensor", first.dtype) if first.kind == "tensor" else UNKNOWN_TENSOR
-    if name in ("tensor", "as_tensor", "asarray", "from_numpy"):
+    if name in FACTORY_FROM_DATA:
         return UNKNOWN_TENSOR  # the dtype follows the data
-    if name in ("arange", "range", "full", "scalar_tensor"):
+    if name in FACTORY_RANGE:
         # arange(n) of integers is int64; a float bound or fill value makes it float.
         float_valued = _has_float_scalar(node)
         return ValueInfo("tensor", torch.get_default_dtype() if float_valued else torch.int64)

@@ -38,6 +38,7 @@ from ..ops import (
     number_inputs,
     precision_of,
     qualified_name,
+    writes_in_place,
 )
 from ..plan import float_inputs
 from ..policy import Selector
@@ -106,7 +107,7 @@ class PaintPrecision(Pass):
             why = f"{value.float_dtype()} value: computed as the model does"
         elif (forced := node.meta.get(M.FORCE)) is not None:
             cls, why = forced
-        elif M.is_inplace(node):
+        elif writes_in_place(node):
             # After functionalize, only writes into a private clone or back into a graph input.
             cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
             node.meta[M.TIED] = True
@@ -146,7 +147,7 @@ class PaintPrecision(Pass):
             cls = node.meta.get(M.CLASS)
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
             ends = cls == Precision.LOW or (fam is not None and fam.bounded)
-            if M.is_inplace(node):
+            if writes_in_place(node):
                 # It runs in the dtype of the tensor it writes (t.copy_(ids) on a private
                 # clone): that tensor joins the cone, and what reads the write is in it too.
                 written = node.args[0] if node.args else None
@@ -209,7 +210,7 @@ class PaintPrecision(Pass):
 
     def _override(self, node: fx.Node) -> None:
         cls = node.meta.get(M.CLASS)
-        if cls in (None, Precision.NONFLOAT) or M.is_inplace(node):
+        if cls in (None, Precision.NONFLOAT) or writes_in_place(node):
             return  # an in-place op (after functionalize: on a private copy) stays tied to it
         for sel in self.policy.keep_fp32:
             if matches(node, sel):
@@ -247,7 +248,7 @@ class PaintPrecision(Pass):
             if node.meta.get(M.CLASS) not in (Precision.LOW, Precision.PROMOTE, Precision.NEUTRAL):
                 continue
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-            if fam is None or not fam.probe or M.is_inplace(node) or not info(node).has_float():
+            if fam is None or not fam.probe or writes_in_place(node) or not info(node).has_float():
                 continue
             if not any(info(a).kind == "tensor" for a in float_inputs(node)):
                 continue
@@ -357,7 +358,7 @@ def _carries_numbers(node: fx.Node) -> bool:
 
 
 def _paint_cone(node: fx.Node, seed: fx.Node) -> None:
-    if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT) or M.is_inplace(node):
+    if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT) or writes_in_place(node):
         return
     node.meta[M.CLASS] = Precision.FP32
     node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"

@@ -44,15 +44,19 @@ from .. import meta as M
 from ..errors import PolicyError
 from ..kernels import disable_modes
 from ..meta import ValueInfo, info
-from ..ops import Precision
+from ..ops import (
+    INTERPOLATE_FUNCTIONS,
+    MODE_RANK,
+    NEAREST_MODES,
+    SIZE_ARITHMETIC,
+    Precision,
+    upsample_mode,
+)
 from ..runtime import memory_format_of, nearest_scale, output_sizes, repeat_factor
 from .base import Builder, Kind, Match, Replacement, Rule, RulePass
 
 __all__ = ["ReplaceUpsample", "has_kernel"]
 
-_NEAREST = ("nearest", "nearest-exact")
-_RANK_OF_MODE = {"linear": 3, "bilinear": 4, "bicubic": 4, "trilinear": 5}
-_FIXED_MODE = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}
 
 
 # --- which nodes, and the probe ---------------------------------------------------------------
@@ -61,7 +65,7 @@ _FIXED_MODE = {F.upsample_nearest: "nearest", F.upsample_bilinear: "bilinear"}
 @functools.cache
 def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bool:
     """Does ``F.interpolate(mode=mode)`` run forward and backward on this device and dtype?"""
-    extra = {"align_corners": False} if mode in _RANK_OF_MODE else {}
+    extra = {"align_corners": False} if mode in MODE_RANK else {}
     # Probe real kernels whatever the caller's context: under torch.no_grad() the backward
     # would fail, and inside torch.compile a fake-tensor mode may be active.
     with disable_modes(), torch.enable_grad():
@@ -86,8 +90,8 @@ def check_device(device: torch.device) -> None:
 
 
 def _ranks(x: fx.Node, mode: str, size, scale_factor) -> list[int]:
-    if mode in _RANK_OF_MODE:
-        return [_RANK_OF_MODE[mode]]
+    if mode in MODE_RANK:
+        return [MODE_RANK[mode]]
     rank = _rank(x, size, scale_factor)
     return [3, 4, 5] if rank is None else [rank]  # unknown: every rank must work
 
@@ -104,7 +108,7 @@ def _rank(x: fx.Node, size, scale_factor) -> int | None:
 
 def _why(policy, mode: str, x: fx.Node, size, scale_factor) -> str | None:
     """Why this interpolate must not run natively, or None."""
-    nearest = mode in _NEAREST
+    nearest = mode in NEAREST_MODES
     if policy.upsample == "always":
         return "upsample='always'" if nearest else None
     device = torch.device(policy.device or "cpu")
@@ -124,13 +128,13 @@ def _interpolate(m: Match) -> Replacement | None:
     if a is None or m.policy is None or m.policy.upsample == "never":
         return None
     x, size, scale_factor = a.get("input"), a.get("size"), a.get("scale_factor")
-    mode = _FIXED_MODE.get(m.node.target, a.get("mode", "nearest"))
+    mode = upsample_mode(m.node)
     if not isinstance(x, fx.Node) or not isinstance(mode, str) or a.get("antialias"):
         return None
     why = _why(m.policy, mode, x, size, scale_factor)
     if why is None:
         return None
-    if mode not in _NEAREST:
+    if mode not in NEAREST_MODES:
         m.node.meta[M.FORCE] = (Precision.FP32, f"fp32 island: {why}")
         return Replacement(m.node, f"{mode} interpolate -> fp32 island", why)
     exact = mode == "nearest-exact"
@@ -172,9 +176,6 @@ def _nearest(b: Builder, x: fx.Node, size, scale_factor, exact: bool,
 
 # --- sizes known only at run time -------------------------------------------------------------
 
-_NUMBER_OPS = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv,
-                         operator.truediv, operator.neg, math.floor, math.ceil, builtins.int,
-                         builtins.float, builtins.round, torch.ops.aten.sym_size.int})
 
 
 def _spec_kind(value) -> str | None:
@@ -196,7 +197,7 @@ def _spec_kind(value) -> str | None:
         return "seq"
     if n.target is operator.getitem and _spec_kind(args[0]) == "seq":
         return "seq" if isinstance(args[1], slice) else "number"
-    if n.target in _NUMBER_OPS and all(_spec_kind(a) == "number" for a in args):
+    if n.target in SIZE_ARITHMETIC and all(_spec_kind(a) == "number" for a in args):
         return "number"
     return None
 
@@ -398,5 +399,4 @@ class ReplaceUpsample(RulePass):
     name, kind = "replace_upsample", Kind.REWRITE
     requires = (M.ORIG,)
     writes = (M.ORIG, M.FORCE)
-    rules = (Rule((F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear),
-                  _interpolate),)
+    rules = (Rule(INTERPOLATE_FUNCTIONS, _interpolate),)

@@ -23,9 +23,11 @@ import amprewrite
 from amprewrite import ModelError
 from amprewrite import meta as M
 from amprewrite.numerics import rel_err
+from amprewrite.ops import writes_in_place
+from amprewrite.passes import run_pass
 from amprewrite.passes.functionalize import Functionalize
 
-from ..helpers import LOW_DTYPES, transform_via
+from ..helpers import LOW_DTYPES, graph_signature, prepared, transform_via
 
 # Unit roundoff of each dtype: the slack on top of autocast's error.
 UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
@@ -371,7 +373,7 @@ def test_mutation_pattern_matches_fp32(pattern, capture, dtype):
     # No write is left for a later pass to read around: only the copy back into an input, or a
     # write into a private clone that nothing else reads.
     for node in gm.graph.nodes:
-        if M.is_inplace(node):
+        if writes_in_place(node):
             base = node.args[0]
             private = base.target == "clone" and list(base.users) == [node]
             copy_back = node.target == "copy_" and base.op == "placeholder"
@@ -510,3 +512,31 @@ def test_float_buffer_update_reads_the_new_value_and_reaches_the_buffer(params):
         assert rel_err(got, want.float()) < 2e-2, step
     copies = [n for n in gm.graph.nodes if n.target == "copy_"]
     assert sorted(str(n.args[0].target) for n in copies) == ["acc", "calls"]
+
+
+ALONE = [p for p in PATTERNS if p.symbolic]
+
+
+@pytest.mark.parametrize("pattern", ALONE, ids=lambda p: p.__name__)
+def test_pass_alone_is_exact_and_the_same_for_both_dtypes(pattern):
+    """Before any cast, the functionalized graph computes the model's fp32 values bit for bit
+    and writes the caller's inputs as the model does; only a copy back into an input or a
+    write into a private clone stays in place. The rewrite does not depend on the dtype."""
+    model = pattern()
+    inputs = model.inputs()
+    graphs = []
+    for dtype in LOW_DTYPES:
+        gm, p = prepared(model, "functionalize", dtype=dtype)
+        run_pass(gm, p)
+        graphs.append(graph_signature(gm))
+        with torch.no_grad():
+            ref_in, out_in = _clone(inputs), _clone(inputs)
+            assert torch.equal(gm(*out_in), model(*ref_in))
+        assert all(torch.equal(a, b) for a, b in zip(out_in, ref_in))
+        for node in gm.graph.nodes:
+            if writes_in_place(node):
+                base = node.args[0]
+                private = base.target == "clone" and list(base.users) == [node]
+                copy_back = node.target == "copy_" and base.op == "placeholder"
+                assert private or copy_back, node.format_node()
+    assert graphs[0] == graphs[1]

@@ -75,6 +75,7 @@ class Out(enum.Enum):
     """How an op's output dtype follows from its inputs (used where no fake value says it)."""
 
     PROMOTE = "promote"  # PyTorch type promotion; integer inputs give integers
+    WIDEN = "widen"  # PROMOTE, but integer and bool inputs give int64 (sum, cumsum, prod)
     FLOAT = "float"  # type promotion, but integer inputs give the default float (exp(int))
     BOOL = "bool"  # comparisons and predicates
     INDEX = "index"  # int64 indices (argmax, nonzero, randint)
@@ -740,11 +741,11 @@ _TABLE: list[Family] = [
         why="steep, poles or long tails; several have no low-precision kernel"),
     # FP32: reductions (a long fp16 sum overflows or stops growing).
     _op("sum", H, ["sum", "nansum", "trace", "trapezoid", "trapz", "cumulative_trapezoid",
-                   "sum_to_size"], **_DTYPE_ARG),
-    _op("prod", H, ["prod"]),
+                   "sum_to_size"], out=Out.WIDEN, **_DTYPE_ARG),
+    _op("prod", H, ["prod"], out=Out.WIDEN),
     # cumsum(dtype=float32) is not listed: its backward was 1.3x a rounding off on CPU at some
     # shapes and within it at others (a verdict the probe's small shapes cannot settle).
-    _op("cumsum", H, ["cumsum", "cumprod"]),
+    _op("cumsum", H, ["cumsum", "cumprod"], out=Out.WIDEN),
     _op("mean", H, ["mean", "nanmean"], out=Out.FLOAT, **_DTYPE_ARG),
     _op("var", H, ["var", "std", "var_mean", "std_mean", "cov", "corrcoef"], out=Out.FLOAT),
     _op("logsumexp", H, ["logsumexp", "logcumsumexp"], out=Out.FLOAT),

@@ -10,6 +10,7 @@ derived only from them stay unknown, and amprewrite casts those with a run-time 
 from __future__ import annotations
 
 import builtins
+import functools
 
 import torch
 from torch import fx
@@ -75,9 +76,7 @@ def _promote(infos: list[ValueInfo], float_scalar: bool, int_to_float: bool) -> 
         return UNKNOWN_TENSOR
     if float_scalar or int_to_float:
         return ValueInfo("tensor", torch.get_default_dtype())
-    if all(i.dtype == torch.bool for i in infos):
-        return ValueInfo("tensor", torch.bool)
-    return ValueInfo("tensor", torch.int64)
+    return ValueInfo("tensor", functools.reduce(torch.promote_types, [i.dtype for i in infos]))
 
 
 def _reduces_along_dim(node: fx.Node) -> bool:
@@ -161,7 +160,11 @@ def _infer(gm: fx.GraphModule, node: fx.Node) -> ValueInfo:
         from_torch = (getattr(node.target, "__module__", "") or "").startswith("torch")
         return UNKNOWN_TENSOR if from_torch and node.op == "call_function" else OTHER
     int_to_float = out is Out.FLOAT and not node.kwargs.get("rounding_mode")
-    return _promote(inputs, _has_float_scalar(node), int_to_float)
+    result = _promote(inputs, _has_float_scalar(node), int_to_float)
+    if out is Out.WIDEN and result.dtype is not None and not result.dtype.is_floating_point:
+        named = _dtype_arg(node)  # x.sum(dtype=torch.int32)
+        return ValueInfo("tensor", named if named is not None else torch.int64)
+    return result
 
 
 def _conversion(node: fx.Node, first: ValueInfo) -> ValueInfo:

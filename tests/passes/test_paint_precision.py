@@ -1,14 +1,30 @@
-"""Position cones start where floats are born from integers, not where integers are auxiliary."""
+"""paint_precision: every node gets the precision class its op family has in the registry.
+
+Property: LOW for matmul-like ops, FP32 for norms, softmax, exp/log and reductions, PROMOTE for
+arithmetic and activations, NEUTRAL for exact copies, NONFLOAT for integer values, FP32 for ops
+the registry does not know; position cones (floats born from integers, up to the first bounded
+or LOW op) and LOW ops on parameters only are FP32; ``keep_fp32`` and ``allow_low`` (module
+path, module type, family name, node name) override all of these. The natural precision of a
+value follows: LOW ops low, FP32 ops fp32, PROMOTE/NEUTRAL the widest of their float inputs.
+Position cones start where floats are born from integers, not where integers are auxiliary.
+"""
 
 import copy
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import fx, nn
 
 import amprewrite
 from amprewrite import meta as M
-from amprewrite.ops import Precision
+from amprewrite.ops import FAMILIES, Precision
+from amprewrite.passes import run_pass
+
+from ..helpers import LOW_DTYPES, prepared
+
+L, H, P, N, X = (Precision.LOW, Precision.FP32, Precision.PROMOTE, Precision.NEUTRAL,
+                 Precision.NONFLOAT)
 
 
 class MaskedMLP(nn.Module):
@@ -122,3 +138,102 @@ def test_low_ops_on_parameters_only_run_fp32(dtype):
             theirs = rel_err(model(x), ref)
         ratios.append(rel_err(gm(x), ref) / theirs)
     assert max(ratios) <= 0.8, ratios
+
+
+@fx.wrap
+def _mystery(x):
+    """An op the registry does not know (kept as a call by the symbolic trace)."""
+    return x * 2
+
+
+class Ops(nn.Module):
+    """A handful of ops of every class, on values computed from the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.ln = nn.LayerNorm(4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        a = torch.matmul(h, h.transpose(-1, -2))
+        n = self.ln(h)
+        return (F.gelu(n) + torch.exp(n), torch.relu(h).reshape(-1), h.argmax(-1),
+                torch.softmax(a, -1).sum(), torch.special.erfcx(h), _mystery(h))
+
+
+# The policy's classes (DESIGN.md, "Precision classes"), written out rather than read from the
+# registry, so that a registry entry or a painting rule that disagrees is caught.
+INTENT = {"linear": L, "matmul": L, "layer_norm": H, "softmax": H, "exp": H, "sum": H,
+          "special": H, "activation": P, "arith": P, "relu": N, "shape": N, "indices": X}
+
+
+def _painted(dtype=torch.bfloat16, **options) -> fx.GraphModule:
+    gm, p = prepared(Ops(), "paint_precision", dtype=dtype, **options)
+    assert not run_pass(gm, p)  # meta only: the graph's code is unchanged
+    return gm
+
+
+def _classes(gm) -> dict[str, set[Precision]]:
+    out: dict[str, set[Precision]] = {}
+    for n in gm.graph.nodes:
+        if n.meta.get(M.FAMILY) is not None:
+            out.setdefault(n.meta[M.FAMILY], set()).add(n.meta[M.CLASS])
+    return out
+
+
+def _node(gm, name: str) -> fx.Node:
+    (node,) = [n for n in gm.graph.nodes if n.name == name]
+    return node
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_classes_per_family_are_the_registrys(dtype):
+    gm = _painted(dtype)
+    assert _classes(gm) == {f: {c} for f, c in INTENT.items()}
+    assert all(FAMILIES[f].precision == c for f, c in INTENT.items() if c != X)
+    unknown = _node(gm, "_mystery")
+    assert unknown.meta[M.FAMILY] is None and unknown.meta[M.CLASS] == H
+    assert unknown.meta[M.REASON].startswith("unknown op")
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_natural_precision_follows_the_classes(dtype):
+    """LOW ops are low and what only copies them stays low; FP32 ops are fp32, and an add
+    that reads an fp32 value is fp32 (the widest input); integer values have none."""
+    gm = _painted(dtype)
+    natural = {n.name: n.meta[M.NATURAL] for n in gm.graph.nodes}
+    assert natural["linear"] == natural["matmul"] == M.LOW
+    assert natural["relu"] == natural["reshape"] == natural["transpose"] == M.LOW
+    assert natural["softmax"] == natural["exp"] == natural["add"] == M.HIGH
+    assert natural["argmax"] is None
+
+
+@pytest.mark.parametrize("selector", ["lin", nn.Linear, "linear", "node:linear"],
+                         ids=["path", "type", "family", "node"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_keep_fp32_selects_the_linear_only(dtype, selector):
+    gm = _painted(dtype, keep_fp32=[selector])
+    linear = _node(gm, "linear")
+    assert linear.meta[M.CLASS] == H and linear.meta[M.REASON].startswith("keep_fp32=")
+    assert linear.meta[M.NATURAL] == M.HIGH
+    # Nothing else changes class: the matmul still runs low.
+    assert _classes(gm) == {f: {c} for f, c in INTENT.items()} | {"linear": {H}}
+
+
+@pytest.mark.parametrize("selector, name", [("ln", "layer_norm"), (nn.LayerNorm, "layer_norm"),
+                                            ("softmax", "softmax"), ("node:_mystery", "_mystery")],
+                         ids=["path", "type", "family", "node"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_allow_low_lets_an_fp32_op_follow_its_inputs(dtype, selector, name):
+    gm = _painted(dtype, allow_low=[selector])
+    node = _node(gm, name)
+    assert node.meta[M.CLASS] == P and node.meta[M.REASON].startswith("allow_low=")
+    others = {f: c for f, c in _classes(gm).items() if f != node.meta[M.FAMILY]}
+    assert others == {f: {c} for f, c in INTENT.items() if f != node.meta[M.FAMILY]}
+
+
+def test_allow_low_leaves_low_and_neutral_ops_as_they_are():
+    """allow_low opts an FP32 op in; it does not change what already runs low or follows."""
+    gm = _painted(allow_low=["linear", "relu", "lin"])
+    assert _classes(gm) == {f: {c} for f, c in INTENT.items()}

@@ -1,4 +1,11 @@
-"""replace_upsample: bit-exact nearest upsampling, the probe, fp32 islands, real decoders."""
+"""replace_upsample: bit-exact nearest upsampling, the probe, fp32 islands, real decoders.
+
+Property: every nearest interpolate the policy asks to replace (``upsample="always"``, or a
+kernel the probe finds missing for the target dtype) becomes plain tensor ops whose result is
+F.interpolate's bit for bit, in fp32, bf16 and fp16, at the traced sizes and others; any other
+mode the probe finds missing becomes an fp32 island. With ``"always"`` the rewrite is the same
+for both dtypes; with ``"auto"`` it depends on the dtype only through the probe.
+"""
 
 import functools
 import random
@@ -12,9 +19,9 @@ import amprewrite
 from amprewrite import meta as M
 from amprewrite import runtime
 from amprewrite.ops import Precision
-from amprewrite.passes import replace_upsample
+from amprewrite.passes import replace_upsample, run_pass
 
-from ..helpers import casts, transform
+from ..helpers import LOW_DTYPES, casts, graph_signature, prepared, transform
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 _UPSAMPLES = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear}
@@ -412,3 +419,43 @@ def test_gradients_under_torch_compile():
         out.float().backward(grad.to(out.dtype).float())
         # Integer values and gradients are exact in bf16 (|v| < 256): the sums are exact too.
         assert torch.equal(y.grad, x.grad), (shape, kw)
+
+
+# --- the pass alone ----------------------------------------------------------------------------
+
+
+def _up_model() -> nn.Module:
+    return nn.Sequential(nn.Upsample(scale_factor=2),
+                         nn.Upsample(size=(5, 7), mode="nearest-exact"))
+
+
+def test_pass_alone_always_is_the_same_for_both_dtypes_and_exact():
+    """Before any cast: the rewritten graph is F.interpolate bit for bit on fp32, bf16 and
+    fp16 inputs, and a bf16 policy gets the same graph as an fp16 one."""
+    model = _up_model()
+    graphs = []
+    for dtype in LOW_DTYPES:
+        gm, p = prepared(model, "replace_upsample", dtype=dtype, upsample="always")
+        assert run_pass(gm, p)
+        assert not upsample_calls(gm)
+        graphs.append(graph_signature(gm))
+        for d in DTYPES:
+            x = torch.randn(2, 3, 3, 4).to(d)
+            ours = gm(x)
+            assert ours.dtype == d and torch.equal(ours, model(x)), d
+    assert graphs[0] == graphs[1]
+
+
+@pytest.mark.parametrize("missing", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_auto_depends_on_the_dtype_only_through_the_probe(monkeypatch, missing):
+    """A kernel missing for one dtype only: the policy for that dtype rewrites the upsample,
+    the other leaves it to its native kernel."""
+    monkeypatch.setattr(replace_upsample, "has_kernel",
+                        lambda device, dtype, mode, rank: dtype != missing)
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.Upsample(scale_factor=2))
+    x = torch.randn(1, 3, 4, 4)
+    for dtype in LOW_DTYPES:
+        gm, p = prepared(model, "replace_upsample", dtype=dtype)
+        assert run_pass(gm, p) == (dtype == missing)
+        assert bool(upsample_calls(gm)) == (dtype != missing)
+        assert torch.equal(gm(x), model(x))

@@ -1,4 +1,11 @@
-"""store_params alone: with params='low', weights only LOW ops read become low copies."""
+"""store_params alone: with params='low', weights only LOW ops read become low copies.
+
+Property: a float Parameter whose every reader is a LOW op (or an embedding lookup) is stored
+once in the target dtype under its own name, and its casts leave the graph; a Parameter or buffer
+that an fp32 op reads (a norm's scale, BatchNorm's statistics) stays fp32 and is the caller's
+tensor. ``gm.state_dict()`` keys are the model's, the caller's model is unchanged, and the
+outputs are the fp32-params graph's bit for bit (the same rounding, done once).
+"""
 
 import copy
 
@@ -10,7 +17,7 @@ import amprewrite
 from amprewrite import meta as M
 from amprewrite.passes import run_pass
 
-from ..helpers import prepared, rewrites
+from ..helpers import LOW_DTYPES, prepared, rewrites, unchanged
 
 
 def _model():
@@ -18,21 +25,23 @@ def _model():
     return nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2)).eval()
 
 
-def test_low_copies_for_weights_of_low_ops_only():
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_low_copies_for_weights_of_low_ops_only(dtype):
     model = _model()
-    gm, p = prepared(model, "store_params", params="low")
-    casts_before = sum(M.CAST in n.meta for n in gm.graph.nodes)
-    assert run_pass(gm, p)
-    assert gm.get_parameter("0.weight").dtype == torch.bfloat16
-    assert gm.get_parameter("2.bias").dtype == torch.bfloat16
+    with unchanged(model):  # the caller's tensors, modes and identities
+        gm, p = prepared(model, "store_params", dtype=dtype, params="low")
+        casts_before = sum(M.CAST in n.meta for n in gm.graph.nodes)
+        assert run_pass(gm, p)
+    assert gm.get_parameter("0.weight").dtype == dtype
+    assert gm.get_parameter("2.bias").dtype == dtype
     assert gm.get_parameter("1.weight").dtype == torch.float32  # LayerNorm: fp32 and shared
     assert gm.get_parameter("1.weight") is model[1].weight
-    assert model[0].weight.dtype == torch.float32  # the caller's model is untouched
+    assert gm.state_dict().keys() == model.state_dict().keys()
     assert sum(M.CAST in n.meta for n in gm.graph.nodes) == casts_before - 4
     assert {r.action for r in rewrites(gm, "store_params")} == {
-        f"store {t} as torch.bfloat16" for t in ("0.weight", "0.bias", "2.weight", "2.bias")}
+        f"store {t} as {dtype}" for t in ("0.weight", "0.bias", "2.weight", "2.bias")}
     x = torch.randn(3, 8)
-    ref = amprewrite.transform(model, torch.bfloat16)
+    ref = amprewrite.transform(model, dtype)
     assert torch.equal(gm(x), ref(x))  # the same numbers, cast once instead of every call
 
 
@@ -92,3 +101,76 @@ def test_keep_fp32_embedding_keeps_its_table_fp32():
     gm = amprewrite.transform(model, dtype=torch.bfloat16, params="low", keep_fp32=["embedding"],
                               example_inputs=(torch.randint(0, 50, (2, 7)),))
     assert gm.get_parameter("emb.weight").dtype == torch.float32
+
+
+class _ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Conv2d(4, 2, 1)
+        with torch.no_grad():  # statistics and scales far from their initial values
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.bn(self.conv(x))))
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_batch_norm_parameters_and_statistics_stay_fp32_and_shared(dtype):
+    model = _ConvBN().eval()
+    with unchanged(model):
+        gm, p = prepared(model, "store_params", dtype=dtype, params="low")
+        assert run_pass(gm, p)
+    for name in ("conv.weight", "conv.bias", "head.weight", "head.bias"):
+        assert gm.get_parameter(name).dtype == dtype, name
+    kept = dict(gm.named_parameters()) | dict(gm.named_buffers())
+    for name, t in (*model.bn.named_parameters(), *model.bn.named_buffers()):
+        assert kept[f"bn.{name}"] is t, name  # fp32, and the caller's tensor
+    assert gm.state_dict().keys() == model.state_dict().keys()
+    x = torch.randn(2, 3, 5, 5)
+    ref = amprewrite.transform(model, dtype)  # params="fp32": the same roundings, every call
+    assert torch.equal(gm(x), ref(x))
+
+
+class _SharedWeight(nn.Module):
+    """One Parameter read by a LOW op and by an FP32 op (a sum): it must stay fp32."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * self.fc.weight.sum()
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+def test_a_weight_an_fp32_op_also_reads_stays_fp32(dtype):
+    model = _SharedWeight().eval()
+    gm, p = prepared(model, "store_params", dtype=dtype, params="low")
+    assert run_pass(gm, p)  # the bias: read by the linear only
+    assert gm.get_parameter("fc.weight") is model.fc.weight
+    assert gm.get_parameter("fc.bias").dtype == dtype
+    (total,) = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "sum"]
+    weight = [n for n in gm.graph.find_nodes(op="get_attr") if n.target == "fc.weight"]
+    assert weight and any(total in n.users for n in weight)  # the sum reads the fp32 tensor
+    x = torch.randn(3, 4)
+    ref = amprewrite.transform(model, dtype)
+    assert torch.equal(gm(x), ref(x))
+
+
+def test_low_copies_are_parameters_that_keep_requires_grad():
+    model = _model()
+    model[2].bias.requires_grad_(False)
+    gm, p = prepared(model, "store_params", dtype=torch.float16, params="low")
+    run_pass(gm, p)
+    for name, param in model.named_parameters():
+        stored = gm.get_parameter(name)
+        assert isinstance(stored, nn.Parameter)
+        assert stored.requires_grad == param.requires_grad, name
+    assert [name for name, t in gm.named_parameters() if t.dtype == torch.float16] == [
+        "0.weight", "0.bias", "2.weight", "2.bias"]

@@ -1,13 +1,22 @@
-"""vectorize_loops: unrolled per-sample loops become one batched op, exactly; near misses stay."""
+"""vectorize_loops: unrolled per-sample loops become one batched op, exactly; near misses stay.
+
+Property: B unrolled copies of a per-sample body stacked (or concatenated) in order become one
+batched op whose forward and backward are the loop's bit for bit, for any batch size the graph
+is called with; loops that are not exactly ``for i in range(B)`` over one body are left alone.
+The rewrite copies values, so it is the same for both target dtypes and exact on low inputs.
+"""
 
 import pytest
 import torch
 from torch import nn
 
 import amprewrite
+from amprewrite import meta as M
+from amprewrite.ops import Precision
+from amprewrite.passes import run_pass
 from amprewrite.runtime import batch_gather, batch_index, vmap_call
 
-from ..helpers import transform
+from ..helpers import LOW_DTYPES, casts, graph_signature, prepared, transform
 
 REROLLED = (batch_index, batch_gather, vmap_call)
 
@@ -179,3 +188,35 @@ def test_through_the_compile_backend():
     out = torch.compile(model, backend=backend, fullgraph=True)(t, idx)
     assert torch.equal(out, model(t, idx))
     assert any(n.target is batch_index for n in graphs[0].graph.nodes)
+
+
+@pytest.mark.parametrize("form", ["getitem", "gather"])
+def test_pass_alone_is_the_same_for_both_dtypes(form):
+    model = _loop(form)
+    t, idx = _inputs(form, 5)
+    graphs = []
+    for dtype in LOW_DTYPES:
+        gm, p = prepared(model, "vectorize_loops", example_inputs=(t, idx), dtype=dtype)
+        before = len(gm.graph.nodes)
+        assert run_pass(gm, p)
+        assert len(gm.graph.nodes) < before
+        assert [n.target for n in gm.graph.nodes if n.target in REROLLED] == [
+            batch_gather if form == "gather" else batch_index]
+        assert torch.equal(gm(t, idx), model(t, idx))
+        graphs.append(graph_signature(gm))
+    assert graphs[0] == graphs[1]
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("form", ["getitem", "index_select_fn", "gather"])
+def test_rerolled_loop_on_low_inputs_is_exact(form, dtype):
+    """Low-precision data through the transformed graph: the batched gather copies the same
+    values the loop copies, and runs in the dtype it is given (NEUTRAL: no cast around it)."""
+    model = _loop(form)
+    t, idx = _inputs(form, 6)
+    t = t.to(dtype)
+    gm = transform(model, dtype=dtype, example_inputs=(t, idx))
+    (op,) = [n for n in gm.graph.nodes if n.target in REROLLED]
+    assert op.meta[M.CLASS] == Precision.NEUTRAL and not casts(gm)
+    out = gm(t, idx)
+    assert out.dtype == dtype and torch.equal(out, model(t, idx))

@@ -21,7 +21,7 @@ from .errors import (
 )
 from .generation import for_generation
 from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
-from .ops import FAMILIES, Family, Precision
+from .ops import FAMILIES, Family, Precision, override_families, register_family
 from .policy import Policy
 from .report import Decision, Report, Rewrite, report
 
@@ -49,6 +49,8 @@ __all__ = [
     "check_numerics",
     "find_fp32_nodes",
     "for_generation",
+    "override_families",
+    "register_family",
     "report",
     "transform",
 ]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -110,29 +111,61 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
     else:
         return None
     template = _Template.of(node)
-    key = (node.op, what, str(dtype), device.type, template.key)
+    key = (node.op, str(dtype), device.type, template.key)
     # A definitive answer (the kernel works, is missing, is wrong) holds for every node of the
     # same op and argument structure. "Not confirmed" belongs to this node's shapes and sizes
     # only: it is kept under the finer key, so that it cannot hide a node that can be probed.
-    return _cached(key, template, lambda: _probe(
+    return _cached(what, key, template, lambda: _probe(
         fn, template, dtype, device.type, bool(family is not None and family.random)))
 
 
-_CACHE: dict[tuple, str | None] = {}
+class _Verdicts:
+    """Probe verdicts per owner -- the op's target (a function, a method name) or a module's
+    class -- and then per key. An owner that can be weakly referenced (a Python function, a
+    class) is held weakly: its verdicts go when it does, and a new function that happens to get
+    a freed one's id cannot inherit them. Builtins and method names live as long as torch."""
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._strong: dict[object, dict[tuple, dict[tuple, str | None]]] = {}
+
+    def table(self, owner: object) -> dict[tuple, str | None]:
+        """The verdicts of ``owner``; a tuple owner is (module class, its settings...)."""
+        rest: tuple = ()
+        if isinstance(owner, tuple):
+            owner, rest = owner[0], owner[1:]
+        try:
+            tables = self._weak.setdefault(owner, {})
+        except TypeError:  # not weakly referenceable
+            tables = self._strong.setdefault(owner, {})
+        return tables.setdefault(rest, {})
+
+    def __len__(self) -> int:
+        return sum(len(t) for d in (*self._weak.values(), *self._strong.values())
+                   for t in d.values())
+
+    def clear(self) -> None:
+        self._weak.clear()
+        self._strong.clear()
 
 
-def _cached(key: tuple, template: _Template, probe: Callable[[], str | None]) -> str | None:
-    """``probe()``'s verdict, cached under ``key``, or under (key, the node's shapes) for "not
-    confirmed"; uncached when a constant argument is unhashable."""
+_CACHE = _Verdicts()
+
+
+def _cached(owner: object, key: tuple, template: _Template,
+            probe: Callable[[], str | None]) -> str | None:
+    """``probe()``'s verdict, cached under (``owner``, ``key``), or under (key, the node's
+    shapes) for "not confirmed"; uncached when a constant argument is unhashable."""
     fine = (key, template.fine)
     try:
+        table = _CACHE.table(owner)
         for k in (key, fine):
-            if k in _CACHE:
-                return _CACHE[k]
+            if k in table:
+                return table[k]
     except TypeError:  # an unhashable constant argument: probe without caching
         return probe()
     found = probe()
-    _CACHE[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
+    table[fine if found is not None and found.startswith(NOT_CONFIRMED) else key] = found
     return found
 
 
@@ -186,8 +219,8 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
                             for d in t.shape if d > 1}
     if not isinstance(first, fx.Node) or template.slot_of.get(first) != 0:
         return "its first argument is not a tensor"
-    key = ("mixed", signature, node.op, what, str(dtype), device.type, template.key)
-    return _cached(key, template,
+    key = ("mixed", signature, node.op, str(dtype), device.type, template.key)
+    return _cached(what, key, template,
                    lambda: _probe_mixed(fn, template, signature, dtype, device.type))
 
 

@@ -22,12 +22,14 @@ entry below. An op the registry does not know runs in fp32 (see ``paint_precisio
 from __future__ import annotations
 
 import builtins
+import contextlib
+import dataclasses
 import enum
 import functools
 import inspect
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -54,6 +56,7 @@ __all__ = [
     "family_of",
     "inplace_counterpart",
     "op_name",
+    "override_families",
     "reads_values",
     "register_family",
     "write_of",
@@ -1042,6 +1045,35 @@ def register_family(family: Family) -> Family:
     _FAMILIES[family.name] = family
     _reindex()
     return family
+
+
+@contextlib.contextmanager
+def override_families(*families: Family, **precisions: Precision) -> Iterator[None]:
+    """Use ``families`` (each replacing the family of its name, or added) and the given
+    precision classes (``softmax=Precision.LOW``) inside the block; on exit, whatever happened,
+    the registry is as it was. For tests, and for trying a change before registering it.
+
+    >>> import torch
+    >>> with override_families(softmax=Precision.LOW):
+    ...     FAMILIES["softmax"].precision
+    <Precision.LOW: 'low'>
+    >>> FAMILIES["softmax"].precision
+    <Precision.FP32: 'fp32'>
+    """
+    saved = dict(_FAMILIES)
+    try:
+        for name, precision in precisions.items():
+            if name not in _FAMILIES:
+                raise KeyError(f"no op family named {name!r}; see amprewrite.FAMILIES")
+            _FAMILIES[name] = dataclasses.replace(_FAMILIES[name], precision=precision)
+        for family in families:
+            _FAMILIES[family.name] = family
+        _reindex()
+        yield
+    finally:
+        _FAMILIES.clear()
+        _FAMILIES.update(saved)
+        _reindex()
 
 
 def _reindex() -> None:

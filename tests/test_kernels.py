@@ -121,7 +121,7 @@ def test_probe_saying_no_kernel_makes_an_fp32_island(dtype, monkeypatch):
         return real(fn, template, low, device, random)
 
     monkeypatch.setattr(kernels, "_probe", no_gelu)
-    monkeypatch.setattr(kernels, "_CACHE", {})  # no answer from an earlier test
+    monkeypatch.setattr(kernels, "_CACHE", kernels._Verdicts())  # no answer from an earlier test
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8)).eval()
     gm = amprewrite.transform(model, dtype=dtype, verify=False)
     (gelu,) = rows(gm, "activation")
@@ -148,10 +148,9 @@ fx.wrap("picky")  # a leaf of the symbolic trace, like a C++ op
 
 @pytest.fixture
 def picky_family():
-    fam = ops.register_family(ops.Family("picky_test_op", Precision.PROMOTE, (picky,)))
-    yield fam
-    ops._FAMILIES.pop("picky_test_op")
-    ops._reindex()
+    fam = ops.Family("picky_test_op", Precision.PROMOTE, (picky,))
+    with ops.override_families(fam):
+        yield fam
 
 
 class Picky(nn.Module):
@@ -193,7 +192,7 @@ def test_unconfirmed_kernel_runs_fp32_and_the_report_says_how_to_override(picky_
 def test_not_confirmed_is_cached_for_the_shapes_it_was_found_with_only(dtype, monkeypatch):
     """A node the probe cannot run must not hide a node of the same op and argument structure
     that it can: "not confirmed" is cached per shape, a definitive answer per op."""
-    monkeypatch.setattr(kernels, "_CACHE", {})
+    monkeypatch.setattr(kernels, "_CACHE", kernels._Verdicts())
     g = fx.Graph()
     nodes = []
     for shape in [(4, 5, 7), (3, 5, 7), (3, 5, 7)]:
@@ -239,3 +238,35 @@ def test_a_verdict_belongs_to_its_function_not_to_a_reused_id():
         del fn
         gc.collect()
         assert verdict(kernel(False)) is not None  # its own probe: no low kernel
+
+
+def test_the_kernel_cache_holds_functions_weakly(monkeypatch):
+    """A probed Python function's verdicts leave the cache with the function: the cache keeps
+    neither it alive nor a table that grows with every function a process probes."""
+    import gc
+    import weakref
+
+    from torch import fx
+
+    from amprewrite.kernels import low_kernel_problem
+
+    def make():
+        def f(x):
+            return x * 2
+        return f
+
+    monkeypatch.setattr(kernels, "_CACHE", kernels._Verdicts())
+    gc.collect()
+    before = len(kernels._CACHE)
+    fns = [make() for _ in range(5)]
+    for fn in fns:
+        g = fx.Graph()
+        node = g.call_function(fn, (g.placeholder("x"),))
+        assert low_kernel_problem(node, torch.bfloat16, torch.device("cpu")) is None
+        del g, node
+    assert len(kernels._CACHE) == before + 5
+    refs = [weakref.ref(fn) for fn in fns]
+    del fns, fn
+    gc.collect()
+    assert all(r() is None for r in refs)  # the cache did not keep them alive
+    assert len(kernels._CACHE) == before

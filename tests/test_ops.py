@@ -249,11 +249,9 @@ torch.fx.wrap("broken_low_kernel")  # a leaf of the symbolic trace, like a C++ o
 
 @pytest.fixture
 def broken_family():
-    fam = ops.register_family(ops.Family("broken_test_op", Precision.PROMOTE,
-                                         (broken_low_kernel,)))
-    yield fam
-    ops._FAMILIES.pop("broken_test_op")
-    ops._reindex()
+    fam = ops.Family("broken_test_op", Precision.PROMOTE, (broken_low_kernel,))
+    with ops.override_families(fam):
+        yield fam
 
 
 def test_wrong_low_kernel_is_caught_by_the_probe(broken_family):
@@ -352,6 +350,25 @@ def test_registry_is_the_only_op_table():
     assert {k: v for k, v in tables.items() if v} == {}
     # The registry itself is found by the same check (it cannot pass by finding nothing).
     assert len(_op_tables((package / "ops.py").read_text())) > 20
+
+
+def test_override_families_restores_the_registry():
+    """override_families changes the registry inside the block only, even when it raises."""
+    before = dict(ops.FAMILIES)
+    softmax_spelling = ops.family_for_function(torch.softmax)
+    fam = ops.Family("override_test_op", Precision.LOW, (broken_low_kernel,))
+    with pytest.raises(RuntimeError, match="inside"):
+        with amprewrite.override_families(fam, softmax=Precision.LOW):
+            assert ops.FAMILIES["softmax"].precision is Precision.LOW
+            assert ops.family_for_function(broken_low_kernel) is fam
+            raise RuntimeError("inside")
+    assert dict(ops.FAMILIES) == before
+    assert ops.family_for_function(broken_low_kernel) is None
+    assert ops.family_for_function(torch.softmax) is softmax_spelling
+    with pytest.raises(KeyError, match="no op family named 'sofmax'"):
+        with amprewrite.override_families(sofmax=Precision.LOW):
+            pass
+    assert dict(ops.FAMILIES) == before
 
 
 def test_op_table_check_finds_a_table_added_outside_the_registry():

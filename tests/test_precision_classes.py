@@ -36,7 +36,7 @@ from torch import nn
 
 import amprewrite
 from amprewrite.numerics import rel_err
-from amprewrite.ops import FAMILIES, Precision, register_family
+from amprewrite.ops import FAMILIES, Precision, override_families
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -297,12 +297,8 @@ WHY_ONLY = [
 @contextlib.contextmanager
 def flipped(family: str, to: Precision) -> Iterator[None]:
     """The registry with ``family`` in class ``to`` (restored afterwards)."""
-    old = FAMILIES[family]
-    register_family(dataclasses.replace(old, precision=to))
-    try:
+    with override_families(**{family: to}):
         yield
-    finally:
-        register_family(old)
 
 
 def _model_and_inputs(case: Case, dtype: torch.dtype) -> tuple[Exact, list[torch.Tensor]]:

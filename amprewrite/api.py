@@ -21,7 +21,8 @@ from .graphmodule import DynamoGraphModule
 from .ops import FAMILIES, Precision
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
-from .policy import Policy, Selector
+from .policy import Policy, Selector, check_selectors
+from .progress import status, transform_progress
 from .report import POLICY_KEY, REPORT_KEY, Decision, Report
 
 __all__ = ["transform"]
@@ -40,6 +41,8 @@ def transform(
     device: torch.device | str | None = None,
     on_new_shape: str = "transform",
     verify: bool = True,
+    progress: bool | None = None,
+    dynamic_shapes: object = "batch",
 ) -> fx.GraphModule:
     """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
 
@@ -72,6 +75,15 @@ def transform(
             fp32) when the graph's error is far beyond autocast's; in train mode too (equal
             dropout masks, buffers restored). Without ``example_inputs`` there is nothing to
             run: the report and a ``NotVerifiedWarning`` say so. See docs/guide.md.
+        progress: show the stage it is in (capture, passes, verification) and the time spent on
+            a live line on stderr, as ``torch.hub.load(progress=...)`` does for downloads;
+            ``None`` (default) shows it when stderr is a terminal, ``False`` never.
+        dynamic_shapes: with ``example_inputs``, the sizes the graph serves, in
+            ``torch.export``'s form (a dict by argument name or a tuple by position of
+            ``{dim: torch.export.Dim(...)}``): ``torch.export.export(gm, ...)`` with the same
+            spec accepts every size in those ranges, and calls outside them raise
+            ``ShapeError``. ``"batch"`` (default) makes dimension 0 of every input dynamic where
+            the model allows it (the report says whether it did); ``None`` fixes every size.
 
     Example:
         >>> import torch, amprewrite
@@ -85,8 +97,9 @@ def transform(
     policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
-                    on_new_shape=on_new_shape, verify=verify)
-    return transform_with(model, policy, example_inputs)
+                    on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes)
+    with transform_progress(progress):
+        return transform_with(model, policy, example_inputs)
 
 
 def _items(value: object, name: str) -> Iterable[Selector]:
@@ -108,7 +121,9 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     if policy.device is None:
         policy = dataclasses.replace(policy, device=_model_device(model))
     start = time.perf_counter()
-    captured = capture(model, example_inputs)
+    status("capturing the graph with " + ("dynamo" if example_inputs is not None
+                                           else "torch.fx.symbolic_trace"))
+    captured = capture(model, example_inputs, policy.dynamic_shapes)
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
     rep.timings["capture"] = time.perf_counter() - start
     gm = captured.gm
@@ -117,6 +132,7 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     gm.meta[POLICY_KEY] = policy
     if on_pass is not None:
         on_pass("capture", gm)
+    status(f"running the passes on {len(gm.graph.nodes)} nodes")
     rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
     rep.decisions = _decisions(gm, policy)
@@ -148,6 +164,7 @@ def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy
             "to say the check is not wanted)."), stacklevel=_caller_stacklevel())
         return
     start = time.perf_counter()
+    status("verifying against fp32 and autocast")
     # Train mode too: the runs draw equal dropout masks and buffers are restored after each
     # (verify._Replay), so BatchNorm statistics and the caller's model end as they began.
     errors = verify_graph(model, gm, example_inputs, policy.dtype)
@@ -282,18 +299,7 @@ def _check_model(model: object) -> None:
 
 
 def _check_selectors(model: nn.Module, policy: Policy) -> None:
-    paths = [name for name, _ in model.named_modules() if name]
-    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
-        for sel in selectors:
-            if isinstance(sel, type) or sel in FAMILIES or sel in paths or sel.startswith("node:"):
-                continue  # node names are checked against the captured graph
-            close = difflib.get_close_matches(sel, paths + list(FAMILIES), n=3, cutoff=0.6)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise PolicyError(
-                f"{option} names '{sel}', which is neither a module of {type(model).__name__} "
-                f"nor an op family.{hint} Use a path from model.named_modules(), an nn.Module "
-                "type, or a family name from amprewrite.FAMILIES."
-            )
+    check_selectors(policy, (name for name, _ in model.named_modules()), type(model).__name__)
 
 
 def _check_node_selectors(gm: fx.GraphModule, policy: Policy) -> None:
@@ -354,4 +360,8 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
     else:
         notes.append("captured by dynamo in "
                      f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
+        guard = getattr(gm, "_amp_inputs", None)
+        if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary
+            notes.append(f"shapes: {guard.describe()} (dynamic_shapes="
+                         f"{policy.dynamic_shapes if policy else None!r})")
     return notes

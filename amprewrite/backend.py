@@ -19,12 +19,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 
 import torch
-from torch import fx
+from torch import fx, nn
 
+from . import meta as M
 from .api import transform_graph
 from .capture import annotate_dynamo_graph
 from .errors import PolicyError
-from .policy import Policy
+from .policy import Policy, check_selectors
 
 __all__ = ["amprewrite_backend", "backend"]
 
@@ -63,8 +64,42 @@ def _inner_backend(inner: Inner) -> Callable:
                       f"callable, got {inner!r}.")
 
 
+def _compiled_module() -> nn.Module | None:
+    """The module whose ``forward`` dynamo is compiling (its frame's first argument), if any."""
+    try:  # dynamo internals: without them the graph's own module paths are used
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        code, values = tx.f_code, tx.f_locals
+    except Exception:
+        return None
+    first = values.get(code.co_varnames[0]) if code.co_argcount else None
+    if isinstance(first, nn.Module):  # forward(self, ...)
+        return first
+    # torch.compile(module) compiles a wrapper whose closure holds the module (``fn``).
+    found = {id(v): v for v in values.values() if isinstance(v, nn.Module)}
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
+def _check_options(gm: fx.GraphModule, policy: Policy) -> None:
+    """Check ``keep_fp32``/``allow_low`` as :func:`amprewrite.transform` does: against the
+    compiled module's ``named_modules()`` (and the module paths dynamo recorded in the graph)."""
+    paths = {""}
+    for node in gm.graph.nodes:
+        path = node.meta.get(M.MODULE_PATH, "")
+        while path:  # a module and its ancestors
+            paths.add(path)
+            path = path.rpartition(".")[0]
+    root = _compiled_module()
+    if root is not None:
+        paths.update(name for name, _ in root.named_modules())
+    check_selectors(policy, sorted(paths),
+                    type(root).__name__ if root is not None else "the compiled function")
+
+
 def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
     annotate_dynamo_graph(gm.graph)
+    _check_options(gm, policy)
     if policy.device is None:
         devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)

@@ -30,12 +30,13 @@ from torch.nn.utils import parametrize
 from torch.utils import _pytree as pytree
 
 from . import meta as M
+from . import runtime
 from .errors import CaptureError, ModelError, PolicyError
 from .graphmodule import DynamoGraphModule, add_input_check
 from .modules import buffer_clone_copy, get_attr, has_attr, rebuild, share_copy, tensor_names
 from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
-from .shapes import InputGuard, flat_inputs
+from .shapes import BATCH, InputGuard, capture_spec, flat_inputs
 
 __all__ = ["Capture", "annotate_dynamo_graph", "capture", "split_inputs"]
 
@@ -134,7 +135,8 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
                     else get_attr(traced, target), fx.GraphModule)
 
 
-def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None
+            ) -> fx.GraphModule:
     import torch._dynamo  # imported on first capture, not with amprewrite (seconds)
 
     try:
@@ -145,8 +147,9 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             f"{inspect.signature(model.forward)}: {exc}. Pass a tuple of positional inputs "
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
+    spec, _ = capture_spec(model, args, kwargs, dynamic_shapes)
     try:
-        exported = _export(model, args, kwargs)
+        exported = _export(model, args, kwargs, spec)
     except Exception as exc:
         exported, error = None, exc
         _raise_if_own(model, exc)
@@ -160,11 +163,19 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
             ) from None
         if _register_output_dataclasses(out):
             try:
-                exported = _export(model, args, kwargs)
+                exported = _export(model, args, kwargs, spec)
             except Exception as exc:
                 error = exc
                 _raise_if_own(model, exc)
         if exported is None:
+            if spec is not None and "Constraints violated" in str(error):
+                # The sizes asked dynamic are fixed by the model: say which, in torch's words.
+                raise CaptureError(
+                    f"{type(model).__name__} cannot be captured with the dynamic_shapes asked "
+                    f"for: {' '.join(str(error).split())} Widen or drop those dimensions in "
+                    "dynamic_shapes (torch's suggested fixes above), or pass dynamic_shapes=None "
+                    "for a graph of exactly the example's sizes."
+                ) from None
             _raise_if_plain_export_works(model, args, kwargs, error)
             text = str(error).strip()
             first = text.splitlines()[0] if text else type(error).__name__
@@ -186,11 +197,30 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 node.target = names[id(obj)]
     gm = rebuild(model, graph, lambda target: get_attr(src, target), DynamoGraphModule)
     _release(src)
+    _functions_as_calls(gm)
     gm._amp_captured_training = model.training
     gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
     add_input_check(gm)
     _operand_dtypes(gm, model)
     return gm
+
+
+def _functions_as_calls(gm: fx.GraphModule) -> None:
+    """Custom ``torch.autograd.Function``s, which dynamo captures as the higher-order op
+    ``autograd_function_apply`` (forward and backward graphs), become calls of
+    :func:`amprewrite.runtime.autograd_function_apply`: the same Function at run time, and one
+    that ``torch.compile`` can trace (it rejects the higher-order op in a graph it is handed)."""
+    hop = getattr(torch.ops.higher_order, "autograd_function_apply", None)
+    if hop is None:
+        return
+    for mod in gm.modules():
+        if not isinstance(mod, fx.GraphModule):
+            continue
+        nodes = mod.graph.find_nodes(op="call_function", target=hop)
+        for node in nodes:
+            node.target = runtime.autograd_function_apply
+        if nodes and mod is not gm:
+            mod.recompile()
 
 
 def _release(src: fx.GraphModule) -> None:
@@ -236,10 +266,13 @@ def _private_top_frame() -> Iterator[None]:
         yield
         return
 
+    codes = []
+
     def wrap_inline(fn):
         inner = shared(fn)
         code = inner.__code__
         inner.__code__ = code.replace(co_varnames=code.co_varnames)  # a distinct code object
+        codes.append(inner.__code__)
         return inner
 
     utils.wrap_inline = wrap_inline
@@ -247,18 +280,98 @@ def _private_top_frame() -> Iterator[None]:
         yield
     finally:
         utils.wrap_inline = shared
+        # The cache entries hold the export's guards, and through them its shape environment
+        # and fake tensors; nothing calls the copy again, and the code object can outlive it.
+        reset = getattr(torch._dynamo.eval_frame, "reset_code", None)
+        for code in codes if callable(reset) else ():
+            reset(code)
 
 
-def _export(model: nn.Module, args: tuple, kwargs: dict):
+def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None):
     with (warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit(),
-          _private_top_frame()):
+          _private_top_frame(), _no_backend_choice(dynamic_shapes),
+          _keep_dim_marks((args, kwargs)), _forget_backends()):
         warnings.simplefilter("ignore")
         # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
         # the copy, never on the caller's modules (dynamo would leave FakeTensors there).
         # Static by default (fast, and a graph for exactly these sizes); dimensions the caller
-        # marked dynamic (a re-capture for new sizes) stay symbolic.
-        return torch._dynamo.export(share_copy(model), assume_static_by_default=True)(
-            *args, **kwargs)
+        # marked dynamic (a re-capture for new sizes) or named in ``dynamic_shapes`` (the
+        # batch, by default) stay symbolic.
+        return torch._dynamo.export(share_copy(model), dynamic_shapes=dynamic_shapes,
+                                    assume_static_by_default=True)(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _forget_backends() -> Iterator[None]:
+    """Drop what an export leaves in process-wide tables. dynamo's backend table
+    (``eval_frame.cached_backends``) gets the export's capturing compiler, a closure holding
+    the export's graph, fake tensors and shape environment for the life of the process (3.5 MB
+    per transform of the zoo GPT-2, with the caches below). The export's cache entries, the only
+    users of the entry, live on a private code object that dies with it (_private_top_frame)."""
+    table = getattr(torch._dynamo.eval_frame, "cached_backends", None)
+    before = set(table) if isinstance(table, dict) else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            for key in [k for k in table if k not in before]:
+                del table[key]
+        _clear_shape_caches()
+
+
+def _clear_shape_caches() -> None:
+    """Empty the process-wide caches an export fills: the ``lru_cache``s on ``ShapeEnv``'s
+    methods (keyed by the ShapeEnv, so each keeps every export's shape environment, fake
+    tensors and guard stack traces alive) and fake tensors' dispatch cache. Both are caches
+    of pure functions: emptying them costs the next compile a recomputation, never a result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    for value in vars(ShapeEnv).values():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
+    clear = getattr(FakeTensorMode, "cache_clear", None)
+    if callable(clear):
+        clear()
+
+
+@contextlib.contextmanager
+def _keep_dim_marks(inputs: object) -> Iterator[None]:
+    """Leave the caller's tensors as they were: an export with ``dynamic_shapes`` marks them
+    (``_dynamo_weak_dynamic_indices``), and a later capture of the same tensors, even a static
+    one, would make those dimensions dynamic."""
+    tensors = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    saved = [{k: copy.copy(v) for k, v in vars(t).items() if k.startswith("_dynamo")
+              or k == "_has_dynamo_dim_marking"} for t in tensors]
+    try:
+        yield
+    finally:
+        for t, old in zip(tensors, saved):
+            for k in [k for k in vars(t) if k.startswith("_dynamo")
+                      or k == "_has_dynamo_dim_marking"]:
+                if k not in old:
+                    delattr(t, k)
+            for k, v in old.items():
+                setattr(t, k, v)
+
+
+@contextlib.contextmanager
+def _no_backend_choice(dynamic_shapes: object) -> Iterator[None]:
+    """With dynamic sizes, capture as torch.export does, with the CPU/GPU convolution backends
+    (mkldnn, nnpack, cudnn) off: choosing one reads the batch size (mkldnn below 16), so a conv
+    fixed a dynamic batch to [2, 15]. The graph names no backend; kernels choose at run time."""
+    if dynamic_shapes is None:
+        yield
+        return
+    flags = [b.set_flags(False) for b in (torch.backends.mkldnn, torch.backends.nnpack,
+                                          torch.backends.cudnn)]
+    try:
+        yield
+    finally:
+        for b, old in zip((torch.backends.mkldnn, torch.backends.nnpack, torch.backends.cudnn),
+                          flags):
+            b.set_flags(*old)
 
 
 def _raise_if_own(model: nn.Module, exc: BaseException) -> None:
@@ -411,13 +524,16 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     return Capture(new, gm.meta[REPORT_KEY].capture, training)
 
 
-def capture(model: nn.Module, example_inputs: object = None) -> Capture:
-    """Capture ``model``: symbolic trace without example inputs, dynamo export with them."""
+def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: object = BATCH
+            ) -> Capture:
+    """Capture ``model``: symbolic trace without example inputs, dynamo export with them
+    (``dynamic_shapes`` as :func:`amprewrite.transform` takes it)."""
     if isinstance(model, fx.GraphModule) and REPORT_KEY in model.meta:
         result = _recapture(model)
     elif example_inputs is None:
         result = Capture(_symbolic(model), "symbolic_trace", None)
     else:
         args, kwargs = split_inputs(example_inputs)
-        result = Capture(_dynamo(model, args, kwargs), "dynamo", model.training)
+        result = Capture(_dynamo(model, args, kwargs, dynamic_shapes), "dynamo",
+                         model.training)
     return result

@@ -22,6 +22,7 @@ The JSON is Model Explorer's custom-graph format (``model_explorer.graph_builder
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -154,7 +155,8 @@ def _require():
 def prepare(model: torch.nn.Module, example_inputs: object = None, dtype=torch.bfloat16, *,
             check: bool = True, out: str | Path | None = None, **options) -> dict[str, Path]:
     """Capture, transform and (with ``check`` and inputs) measure ``model``; write the Model
-    Explorer files into ``out`` (default: a new temporary folder) and return them."""
+    Explorer files into ``out`` and return them. Without ``out`` they go to a new temporary
+    folder that the caller removes (:func:`explore` does when the server stops)."""
     from .api import transform
     from .capture import capture
     from .numerics import check_numerics
@@ -218,5 +220,9 @@ def explore(model: torch.nn.Module, example_inputs: object = None, dtype=torch.b
     """
     _require()
     _port_free(host, port)
-    serve(prepare(model, example_inputs, dtype, check=check, out=out, **options), host, port,
-          open_browser)
+    with contextlib.ExitStack() as stack:
+        # Without ``out`` the files live as long as the server: removed when it stops.
+        folder = out if out is not None else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="amprewrite-me-"))
+        serve(prepare(model, example_inputs, dtype, check=check, out=folder, **options), host,
+              port, open_browser)

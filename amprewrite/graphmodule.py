@@ -166,6 +166,15 @@ def _select(gm: DynamoGraphModule, args: tuple, kwargs: dict) -> fx.GraphModule:
             "on_new_shape='transform', the default, to let amprewrite do so when called)."
         )
     model, policy, retransform = gm._amp_source
+    outside = guard.out_of_range(flat)
+    if outside is not None and isinstance(getattr(policy, "dynamic_shapes", None),
+                                          (dict, tuple, list)):
+        raise ShapeError(
+            f"{type(gm).__name__} was called with inputs outside the sizes it was transformed "
+            f"for: {outside}, from transform(dynamic_shapes=...). A graph exported from it "
+            "serves those sizes only. Transform with a wider torch.export.Dim range (min=, "
+            "max=) to call it with these inputs."
+        )
     if isinstance(model, weakref.ref):  # params="low": the graph does not keep the fp32 model
         model = model()
         if model is None:

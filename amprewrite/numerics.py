@@ -16,6 +16,7 @@ from torch import fx, nn
 from . import meta as M
 from .api import transform
 from .ops import Precision
+from .progress import status
 from .verify import (
     CheckResult,
     NodeError,
@@ -101,7 +102,8 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     inputs = example_inputs
     keep = [s for s in options.pop("keep_fp32", ())]
     options.setdefault("verify", False)  # the search starts from graphs that fail
-    for _ in range(max_nodes + 1):
+    for k in range(max_nodes + 1):
+        status(f"round {k + 1}: {len(keep)} nodes kept in fp32", log=True)
         gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)
         result = check_numerics(model, inputs, dtype, gm=gm)
         if result.passed(rtol):

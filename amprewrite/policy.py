@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -9,19 +10,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from .dtypes import low_dtype
 from .errors import PolicyError
 
-__all__ = ["Policy", "parse_dtype"]
-
-_DTYPE_NAMES = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "torch.bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "torch.float16": torch.float16,
-}
+__all__ = ["Policy", "check_selectors", "parse_dtype"]
 
 Selector = str | type
 """A module path (``"encoder.layer.0"``), a module type (``nn.LayerNorm``) or a family name."""
@@ -33,12 +25,9 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     >>> parse_dtype("fp16")
     torch.float16
     """
-    if isinstance(dtype, str):
-        key = dtype.strip().lower()
-        if key in _DTYPE_NAMES:
-            return _DTYPE_NAMES[key]
-    elif dtype in (torch.bfloat16, torch.float16):
-        return dtype
+    low = low_dtype(dtype)
+    if low is not None:
+        return low
     raise PolicyError(
         f"amprewrite converts models to bfloat16 or float16, got dtype={dtype!r}. "
         "Pass dtype=torch.bfloat16 (or 'bf16') or dtype=torch.float16 (or 'fp16'); "
@@ -90,6 +79,9 @@ class Policy:
     on_new_shape: Literal["transform", "error"] = "transform"
     # With example inputs: compare the graph against fp32 and autocast before returning it.
     verify: bool = True
+    # With example inputs: the sizes the graph serves, as torch.export's dynamic_shapes, or
+    # "batch" (dimension 0 dynamic where the model allows it) or None (all static).
+    dynamic_shapes: object = field(default="batch", hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -126,7 +118,44 @@ class Policy:
                 f"when called with inputs the graph was not captured for) or 'error' (raise "
                 f"ShapeError instead), got {self.on_new_shape!r}."
             )
+        if not (self.dynamic_shapes is None or self.dynamic_shapes == "batch"
+                or isinstance(self.dynamic_shapes, (dict, tuple, list))):
+            raise PolicyError(
+                "dynamic_shapes must be 'batch' (the default: dimension 0 of each input dynamic "
+                "where the model allows it), None (every size static) or torch.export's "
+                "dynamic_shapes (a dict by argument name or a tuple by position of "
+                f"{{dim: torch.export.Dim(...)}}), got {self.dynamic_shapes!r}."
+            )
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")
         if not isinstance(self.keep_io_dtype, bool):
             raise PolicyError(f"keep_io_dtype must be True or False, got {self.keep_io_dtype!r}.")
+
+
+def check_selectors(policy: Policy, paths: Iterable[str], owner: str) -> None:
+    """Raise :class:`PolicyError` for a ``keep_fp32``/``allow_low`` entry that names neither a
+    module path in ``paths``, a module type nor an op family (``node:`` names are checked
+    against the captured graph). ``owner`` names the model in the message. ``transform`` and the
+    torch.compile backend both check their options with this.
+
+    >>> check_selectors(Policy(keep_fp32=["fc1", "softmax"]), ["fc1", "fc2"], "Net")
+    >>> check_selectors(Policy(keep_fp32=["fc9"]), ["fc1", "fc2"], "Net")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    amprewrite.errors.PolicyError: keep_fp32 names 'fc9', which is neither a module of Net ...
+    """
+    from .ops import FAMILIES
+
+    paths = [p for p in paths if p]
+    known = set(paths)
+    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
+        for sel in selectors:
+            if isinstance(sel, type) or sel in FAMILIES or sel in known or sel.startswith("node:"):
+                continue
+            close = difflib.get_close_matches(sel, paths + list(FAMILIES), n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise PolicyError(
+                f"{option} names '{sel}', which is neither a module of {owner} nor an op "
+                f"family.{hint} Use a path from model.named_modules(), an nn.Module type, or a "
+                "family name from amprewrite.FAMILIES."
+            )

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
 
 from torch import fx
 
+from .report import text_table
 from .views import graph_view
 
-__all__ = ["COLORS", "color", "node_table", "to_dot", "to_svg"]
+__all__ = ["COLORS", "Rendered", "SvgRender", "color", "node_table", "to_dot", "to_svg"]
 
 COLORS = {
     "low": "#9ecae1",  # blue: runs in bf16/fp16
@@ -30,15 +34,19 @@ def color(precision: str, rewritten: bool = False) -> str:
 
 
 def node_table(gm: fx.GraphModule, rewritten: set[str] = frozenset()) -> str:
-    """One aligned text row per node: name, op, target, module, family, class, dtype, reason."""
-    cols = ["name", "op", "target", "module", "family", "precision", "dtype"]
-    view = graph_view(gm, rewritten)
-    rows = [[str(getattr(v, "dtypes" if c == "dtype" else c)) for c in cols] + [v.reason]
-            for v in view.nodes]
+    """One aligned text row per node: name, op, target, module, family, class, dtype, reason.
+
+    Columns are as wide as their longest entry, so every name is whole (grep finds it); a
+    column empty in every row (family, class and reason of a graph before the passes) is left
+    out.
+    """
+    cols = ["name", "op", "target", "module", "family", "precision", "dtype", "reason"]
     head = [*cols[:5], "class", "dtype", "reason"]
-    widths = [min(max([len(head[i])] + [len(r[i]) for r in rows]), 40) for i in range(len(cols))]
-    return "\n".join("  ".join(c[:40].ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]
-                     for r in [head, *rows])
+    view = graph_view(gm, rewritten)
+    rows = [[str(getattr(v, "dtypes" if c == "dtype" else c) or "") for c in cols]
+            for v in view.nodes]
+    keep = [i for i in range(len(cols)) if i == 0 or any(r[i] for r in rows)]
+    return text_table([[head[i] for i in keep]] + [[r[i] or "-" for i in keep] for r in rows])
 
 
 def to_dot(gm: fx.GraphModule, title: str, rewritten: set[str] = frozenset()) -> str:
@@ -62,15 +70,108 @@ def _esc(s: str) -> str:
     return s.replace('"', '\\"')
 
 
-def to_svg(dot_source: str, timeout: float = 120) -> str | None:
-    """SVG rendered by Graphviz's ``dot``, or None when it is not installed (or fails)."""
-    exe = shutil.which("dot")
-    if exe is None:
-        return None
+@dataclass
+class Rendered:
+    """What happened to one render: ``svg`` when it worked, else ``problem`` says why not."""
+
+    name: str
+    nodes: int
+    svg: str | None = None
+    problem: str | None = None
+
+
+class SvgRender:
+    """Graphviz ``dot -Tsvg`` runs started at once, side by side, in the background, finished
+    (or stopped) by :meth:`wait` under one overall ``timeout``.
+
+    >>> job = SvgRender({"g.svg": ('digraph { a -> b }', 2)}, timeout=30, dot="/no/such/dot")
+    >>> job.wait()[0].problem
+    "Graphviz 'dot' is not installed (/no/such/dot not found); install graphviz for SVG"
+    """
+
+    def __init__(self, sources: dict[str, tuple[str, int]], timeout: float = 120,
+                 dot: str | None = None):
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.results = {name: Rendered(name, nodes) for name, (_, nodes) in sources.items()}
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._out: dict[str, list[str]] = {}
+        self._threads: list[threading.Thread] = []
+        exe = dot or shutil.which("dot")
+        missing = (f"Graphviz 'dot' is not installed ({dot} not found); install graphviz for SVG"
+                   if dot else "Graphviz 'dot' is not installed (not on PATH); install graphviz "
+                   "for SVG (apt-get install graphviz, brew install graphviz)")
+        for name, (source, _) in sources.items():
+            try:
+                proc = subprocess.Popen([exe or "dot", "-Tsvg"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+            except FileNotFoundError:
+                self.results[name].problem = missing
+                continue
+            except OSError as exc:
+                self.results[name].problem = f"dot could not be started: {exc}"
+                continue
+            self._procs[name] = proc
+            # communicate() in a thread: it feeds stdin and drains both pipes, so a large graph
+            # cannot block on a full pipe while the caller writes other files.
+            out: list[str] = []
+            self._out[name] = out
+            thread = threading.Thread(target=lambda p=proc, s=source, o=out: o.extend(
+                _communicate(p, s)), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def pending(self) -> list[str]:
+        """The renders still running."""
+        return [n for n, p in self._procs.items() if p.poll() is None]
+
+    def wait(self, on_wait=None) -> list[Rendered]:
+        """Wait for every render until the overall timeout, then stop those still running.
+        ``on_wait(pending names, seconds waited)`` is called about once a second."""
+        deadline = self.started + self.timeout
+        while self.pending() and time.monotonic() < deadline:
+            if on_wait is not None:
+                on_wait(self.pending(), time.monotonic() - self.started)
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        for name, proc in self._procs.items():
+            result = self.results[name]
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+                result.problem = (f"dot timed out after {self.timeout:g} s on a graph of "
+                                  f"{result.nodes} nodes; the HTML report (index.html) shows "
+                                  "the graph, or raise --render-timeout")
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for name, proc in self._procs.items():
+            result = self.results[name]
+            if result.problem is not None:
+                continue
+            stdout, stderr = (self._out[name] + ["", ""])[:2]
+            if proc.returncode != 0 or "<svg" not in stdout:
+                lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+                said = "; ".join(lines[:3]) or "no message"
+                result.problem = f"dot failed (exit status {proc.returncode}): {said}"
+            else:
+                result.svg = stdout[stdout.find("<svg"):]
+        return list(self.results.values())
+
+    def stop(self) -> None:
+        """Kill the renders still running (Ctrl-C)."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+
+
+def _communicate(proc: subprocess.Popen, source: str) -> tuple[str, str]:
     try:
-        done = subprocess.run([exe, "-Tsvg"], input=dot_source, capture_output=True, text=True,
-                              timeout=timeout, check=True)
-    except (subprocess.SubprocessError, OSError):
-        return None
-    svg = done.stdout
-    return svg[svg.find("<svg"):] if "<svg" in svg else None
+        return proc.communicate(source)
+    except (OSError, ValueError):  # killed at the deadline while writing
+        return "", ""
+
+
+def to_svg(dot_source: str, timeout: float = 120) -> str | None:
+    """SVG rendered by Graphviz's ``dot``, or None when it is not installed, fails or runs past
+    ``timeout`` seconds (:class:`SvgRender` says which)."""
+    return SvgRender({"graph.svg": (dot_source, 0)}, timeout).wait()[0].svg

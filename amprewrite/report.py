@@ -8,7 +8,7 @@ from torch import fx
 
 from . import meta as M
 
-__all__ = ["Decision", "Report", "Rewrite", "record", "report"]
+__all__ = ["Decision", "Report", "Rewrite", "record", "report", "text_table"]
 
 REPORT_KEY = "amprewrite_report"
 POLICY_KEY = "amprewrite_policy"  # the Policy a GraphModule was transformed with
@@ -83,10 +83,7 @@ class Report:
                 dtype += "->" + d.storage.replace("torch.", "")
             rows.append((d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
                          d.reason))
-        widths = [min(max(len(r[i]) for r in rows), 40) for i in range(5)]
-        return "\n".join(
-            "  ".join(c[:40].ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows
-        )
+        return text_table([list(r) for r in rows])
 
     def __str__(self) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
@@ -104,6 +101,19 @@ class Report:
         lines.append("precision decisions:")
         lines.append(self.table())
         return "\n".join(lines)
+
+
+def text_table(rows: list[list[str]]) -> str:
+    """Rows as aligned columns two spaces apart, each as wide as its longest entry; the last
+    column is not padded. Nothing is cut, so a grep for a full node name finds its row.
+
+    >>> print(text_table([["node", "class"], ["a_long_node_name", "low"]]))
+    node              class
+    a_long_node_name  low
+    """
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip()
+                     for r in rows)
 
 
 def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:

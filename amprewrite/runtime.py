@@ -16,26 +16,43 @@ graph keeps it one node.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from fractions import Fraction
 
 import torch
 
-__all__ = ["ViewStep", "batch_gather", "batch_index", "cast_if_float", "memory_format_of",
-           "nearest_scale", "replay_view", "setitem", "vmap_call", "write_view"]
+__all__ = ["ViewStep", "autograd_function_apply", "batch_gather", "batch_index", "cast_if_float",
+           "memory_format_of", "nearest_scale", "replay_view", "setitem", "vmap_call",
+           "write_view"]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
 its positional arguments after the tensor, and its keyword arguments."""
 
 
+# Tensor attributes that are properties (``T``, ``mT``, ``real``, ``data``), not methods. Known
+# ahead of the call so that replaying a step is a plain attribute read or method call: dynamo
+# traces both, and cannot trace ``callable()`` of an attribute it does not know
+# (``torch.compile(gm, fullgraph=True)`` failed on every graph with a write through a view).
+_PROPERTIES = frozenset(name for name in dir(torch.Tensor)
+                        if not callable(inspect.getattr_static(torch.Tensor, name, None)))
+
+
 def replay_view(base: torch.Tensor, steps: Sequence[ViewStep]) -> torch.Tensor:
-    """Apply the view ops ``steps`` to ``base`` in order (a property such as ``T`` takes none)."""
+    """Apply the view ops ``steps`` to ``base`` in order (a property such as ``T`` takes none).
+
+    >>> replay_view(torch.arange(6.0).reshape(2, 3), (("T", (), {}), ("narrow", (0, 1, 2), {})))
+    tensor([[1., 4.],
+            [2., 5.]])
+    """
     view = base
     for name, args, kwargs in steps:
-        attr = getattr(view, name)
-        view = attr(*args, **kwargs) if callable(attr) else attr
+        if name in _PROPERTIES:
+            view = getattr(view, name)
+        else:
+            view = getattr(view, name)(*args, **kwargs)
     return view
 
 
@@ -52,6 +69,61 @@ def write_view(base: torch.Tensor, value: torch.Tensor, steps: Sequence[ViewStep
     out = base.clone()
     replay_view(out, steps).copy_(value)
     return out
+
+
+# --- custom autograd Functions ----------------------------------------------------------------
+
+
+class _GraphFunction(torch.autograd.Function):
+    """A custom ``torch.autograd.Function`` as dynamo captured it: a forward and a backward
+    graph (see :func:`autograd_function_apply`)."""
+
+    @staticmethod
+    def forward(ctx, fwd, bwd, non_differentiable_idx, saved_for_backward_idx, dirty_idx,
+                *args):
+        out, saved = fwd(*args)
+        # What the Function saved with ctx.save_for_backward is saved so again (version
+        # checked); what it kept on ctx as attributes stays an attribute.
+        keep = set(saved_for_backward_idx)
+        ctx.save_for_backward(*[v for i, v in enumerate(saved) if i in keep])
+        ctx.stashed = tuple(None if i in keep else v for i, v in enumerate(saved))
+        ctx.keep = tuple(i in keep for i in range(len(saved)))
+        ctx.bwd = bwd
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if dirty_idx:
+            ctx.mark_dirty(*[o for i, o in enumerate(outs) if i in set(dirty_idx)])
+        if non_differentiable_idx:
+            ctx.mark_non_differentiable(*[o for i, o in enumerate(outs)
+                                          if i in set(non_differentiable_idx)])
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        tensors = iter(ctx.saved_tensors)
+        saved = [next(tensors) if k else v for k, v in zip(ctx.keep, ctx.stashed)]
+        return (None, None, None, None, None, *ctx.bwd(*grads, *saved))
+
+
+def autograd_function_apply(fwd: torch.nn.Module, bwd: torch.nn.Module, *args,
+                            non_differentiable_idx: Sequence[int] = (),
+                            saved_for_backward_idx: Sequence[int] = (),
+                            dirty_idx: Sequence[int] = ()):
+    """A custom ``torch.autograd.Function`` that dynamo captured as the graphs ``fwd`` and
+    ``bwd`` (``torch.ops.higher_order.autograd_function_apply``, what a capture holds), applied
+    to ``args`` as a Function again, its own backward kept: the form ``torch.compile`` accepts
+    in a graph it is handed (it cannot trace the higher-order op itself).
+
+    ``fwd(*args)`` returns ``(outputs, saved)``; ``bwd(*grads, *saved)`` the input gradients.
+
+    >>> fwd = lambda x: ((x * 2,), (x,))
+    >>> bwd = lambda g, x: (g * 10,)   # a deliberately different backward
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> (y,) = autograd_function_apply(fwd, bwd, x, saved_for_backward_idx=[0])
+    >>> y.sum().backward(); x.grad.tolist()
+    [10.0, 10.0]
+    """
+    return _GraphFunction.apply(fwd, bwd, tuple(non_differentiable_idx),
+                                tuple(saved_for_backward_idx), tuple(dirty_idx), *args)
 
 
 # --- casts ------------------------------------------------------------------------------------

@@ -23,9 +23,46 @@ from torch import fx, nn
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
-__all__ = ["InputCheck", "InputGuard", "flat_inputs", "positional_leaves"]
+__all__ = ["BATCH", "InputCheck", "InputGuard", "capture_spec", "flat_inputs",
+           "positional_leaves"]
+
+BATCH = "batch"
+"""``transform(dynamic_shapes=...)``'s default: dimension 0 of every tensor input dynamic where
+the model allows it (``torch.export.Dim.AUTO``), every other dimension static."""
 
 _TENSOR = object()  # marks a tensor leaf in ``constants``
+
+
+def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object
+                 ) -> tuple[object, dict[str, object]]:
+    """The ``dynamic_shapes`` to capture ``model(*args, **kwargs)`` with (torch.export's form:
+    a dict by argument name or a tuple by position), and the arguments by name.
+
+    ``dynamic_shapes`` is :data:`BATCH` (dimension 0 of each tensor of size >= 2 is
+    ``Dim.AUTO``: dynamic unless the model fixes it), ``None`` (all static, as torch.export
+    reads None) or torch.export's own spec, returned as given. Dimensions marked with
+    ``torch._dynamo.mark_dynamic`` (a capture for new sizes) are added as ``Dim.AUTO`` to the
+    batch spec, since dynamo reads no marks when it is given a spec.
+    """
+    from torch.export import Dim
+
+    bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    if not (isinstance(dynamic_shapes, str) and dynamic_shapes == BATCH):
+        return dynamic_shapes, dict(bound)
+
+    def dims(value: object) -> object:
+        if not isinstance(value, torch.Tensor):
+            return None
+        marked = set(getattr(value, "_dynamo_dynamic_indices", ()))
+        if value.dim() and value.shape[0] >= 2:
+            marked.add(0)
+        return {d: Dim.AUTO for d in sorted(marked)} or None
+
+    spec = {name: pytree.tree_map(dims, value) for name, value in bound.items()}
+    if not any(isinstance(leaf, dict) for leaf in pytree.tree_leaves(
+            spec, is_leaf=lambda v: isinstance(v, dict) and all(isinstance(k, int) for k in v))):
+        return None, dict(bound)  # nothing can be dynamic: a static capture, as before
+    return spec, dict(bound)
 
 
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:
@@ -130,6 +167,29 @@ class InputGuard:
                 out[i] = dims
         return out
 
+    def out_of_range(self, flat: Sequence[object]) -> str | None:
+        """Why these inputs fall outside a dynamic dimension's range, for a size of at least 2
+        (0 and 1, which dynamo never makes dynamic, take a graph of their own); else None."""
+        for inp, value in zip(self.inputs, flat):
+            if inp.sizes is None or not isinstance(value, torch.Tensor):
+                continue
+            if value.dim() != len(inp.sizes):
+                continue
+            for d, (want, (lo, hi), size) in enumerate(zip(inp.sizes, inp.ranges, value.shape)):
+                if want is None and size >= 2 and not lo <= size <= hi:
+                    return (f"input '{inp.name}' dimension {d} has size {size}, outside the range "
+                            f"[{lo}, {_bound(hi)}] it was captured for ({_show(inp)})")
+        return None
+
+    def describe(self) -> str:
+        """The dynamic dimensions, in words (for the report)."""
+        dims = [f"{inp.name}[{d}] in [{lo}, {_bound(hi)}]"
+                for inp in self.inputs if inp.sizes is not None
+                for d, (want, (lo, hi)) in enumerate(zip(inp.sizes, inp.ranges)) if want is None]
+        if not dims:
+            return "every input size is static"
+        return "dynamic sizes: " + ", ".join(dims) + "; every other input size is static"
+
     def explain(self, flat: Sequence[object]) -> str:
         """Which input differs from what the graph was captured for, in words."""
         for inp, value, const in zip(self.inputs, flat, self.constants):
@@ -152,7 +212,7 @@ class InputGuard:
                             f"fixed in the graph ({_show(inp)}), and has size {size}")
                 if want is None and not lo <= size <= hi:
                     return (f"input '{inp.name}' dimension {d} was captured as a dynamic size "
-                            f"in [{lo}, {hi}] ({_show(inp)}) and has size {size}")
+                            f"in [{lo}, {_bound(hi)}] ({_show(inp)}) and has size {size}")
         return ("the inputs break a relation between sizes the graph relies on (for example two "
                 "dimensions that must be equal): captured " + ", ".join(
                     f"{i.name} {_show(i)}" for i in self.inputs if i.sizes is not None))
@@ -194,6 +254,8 @@ def _same(a: object, b: object) -> bool:
 def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, float], ...]]:
     sizes, ranges = [], []
     for s in fake.shape:
+        if not isinstance(s, int) and s.node.expr.is_number:
+            s = int(s.node.expr)  # made dynamic, then fixed by the model (a loop over it)
         if isinstance(s, int):
             sizes.append(s)
             ranges.append((s, s))
@@ -207,6 +269,10 @@ def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, 
         hi = float(vr.upper) if vr is not None and vr.upper.is_finite else float("inf")
         ranges.append((lo, hi))
     return tuple(sizes), tuple(ranges)
+
+
+def _bound(hi: float) -> str:
+    return "inf" if hi == float("inf") else str(int(hi))
 
 
 def _show(inp: _Input) -> str:

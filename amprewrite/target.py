@@ -12,22 +12,27 @@ import sys
 import torch
 from torch import nn
 
+from .dtypes import DTYPE_NAMES, dtype_from_name
 from .errors import AmpRewriteError
 
-__all__ = ["UsageError", "load_target", "parse_input"]
+__all__ = ["UsageError", "is_input_spec", "load_target", "parse_input"]
 
 
 class UsageError(AmpRewriteError):
     """Bad command-line usage; the CLI prints it on one line and exits with status 2."""
 
 
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-           "float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float64": torch.float64, "int64": torch.int64,
-           "long": torch.int64, "int32": torch.int32, "int": torch.int32, "bool": torch.bool,
-           "uint8": torch.uint8}
-_SPEC = re.compile(r"^(?:(?P<dtype>[a-z0-9]+):)?(?P<shape>\d+(?:x\d+)*)"
-                   r"(?::(?P<lo>-?[\d.]+)-(?P<hi>-?[\d.]+))?$")
+_SPEC = re.compile(r"^(?:(?P<dtype>[A-Za-z0-9.]+):)?(?P<shape>\d+(?:x\d+)*)"
+                   r"(?::(?P<lo>-?[\d.]+(?:e-?\d+)?)-(?P<hi>-?[\d.]+(?:e-?\d+)?))?$")
+
+
+def is_input_spec(text: str) -> bool:
+    """Whether ``text`` has the form of an input spec (``int64:1x8:0-5``), not of a TARGET.
+
+    >>> is_input_spec("int64:1x8:0-5"), is_input_spec("models.py:mlp")
+    (True, False)
+    """
+    return _SPEC.match(text.strip()) is not None
 
 
 def parse_input(spec: str, seed: int = 0) -> torch.Tensor:
@@ -39,23 +44,35 @@ def parse_input(spec: str, seed: int = 0) -> torch.Tensor:
     (torch.int64, True, True)
     """
     m = _SPEC.match(spec.strip())
-    if m is None or (m["dtype"] and m["dtype"] not in _DTYPES):
+    dtype = dtype_from_name(m["dtype"] or "float32") if m is not None else None
+    if m is None or dtype is None:
         raise UsageError(
             f"bad input spec '{spec}': write [dtype:]AxBxC[:lo-hi], e.g. 2x3x64x64 or "
-            f"int64:1x1024:0-512 (dtypes: {', '.join(sorted(_DTYPES))})."
+            f"int64:1x1024:0-512 (dtypes: {', '.join(DTYPE_NAMES)})."
         )
-    dtype = _DTYPES[m["dtype"] or "float32"]
     shape = tuple(int(s) for s in m["shape"].split("x"))
+    if 0 in shape:
+        raise UsageError(f"bad input spec '{spec}': a dimension of size 0 makes an empty "
+                         "tensor; give every dimension a size of 1 or more.")
     g = torch.Generator().manual_seed(seed)
+    if m["lo"] is not None:
+        try:
+            lo, hi = float(m["lo"]), float(m["hi"])
+        except ValueError:
+            raise UsageError(f"bad input spec '{spec}': the range must be two numbers, "
+                             "lo-hi, e.g. 0-512 or -1-1.") from None
+        if not dtype.is_floating_point:
+            lo, hi = int(lo), int(hi)
+        if hi <= lo:
+            raise UsageError(f"bad input spec '{spec}': the range {m['lo']}-{m['hi']} is empty "
+                             "(it must be lo-hi with lo < hi, e.g. 0-512).")
     if dtype.is_floating_point:
         t = torch.randn(shape, generator=g)
         if m["lo"] is not None:
-            lo, hi = float(m["lo"]), float(m["hi"])
             t = torch.rand(shape, generator=g) * (hi - lo) + lo
         return t.to(dtype)
-    lo, hi = (int(float(m["lo"])), int(float(m["hi"]))) if m["lo"] is not None else (0, 2)
-    if hi <= lo:
-        raise UsageError(f"bad input spec '{spec}': the range {lo}-{hi} is empty.")
+    if m["lo"] is None:
+        lo, hi = 0, 2
     return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
 

@@ -18,6 +18,7 @@ from torch import fx
 from .. import meta as M
 from ..errors import AmpRewriteError, PassError
 from ..policy import Policy
+from ..progress import detail
 from .base import CAPTURED, Kind, Pass
 from .freeze_dtype_reads import FreezeDtypeReads
 from .functionalize import Functionalize
@@ -100,6 +101,7 @@ def run_pipeline(gm: fx.GraphModule, passes: Sequence[Pass],
         start = time.perf_counter()
         before = _meta_keys(gm) if debug else None
         try:
+            detail(p.name)
             with M.running_pass(p.name):
                 modified = p.run(gm)
             stale = stale or bool(modified)

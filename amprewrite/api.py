@@ -322,13 +322,7 @@ def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:
     for node in gm.graph.nodes:
         label = node.meta.get(M.LABEL)
         cls = node.meta.get(M.CLASS)
-        if M.CAST in node.meta:
-            precision = "cast"
-        elif cls is not None:
-            precision = cls.value
-        else:
-            precision = {"placeholder": "input", "get_attr": "param", "output": "output"}.get(
-                node.op, "nonfloat")
+        precision = M.node_kind(node)
         storage = None if label is None else str(torch.float32 if label == M.HIGH
                                                   else policy.dtype)
         # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
@@ -346,7 +340,7 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
     for option, selectors in (("keep_fp32", policy.keep_fp32 if policy else ()),
                               ("allow_low", policy.allow_low if policy else ())):
         for sel in selectors:
-            if isinstance(sel, str) and (sel in FAMILIES or sel.startswith("node:")):
+            if isinstance(sel, str) and (sel in FAMILIES or sel.startswith("node:") or "::" in sel):
                 continue  # families may simply be absent; node names are checked at capture
             if not any(matches(n, sel) for n in gm.graph.nodes):
                 shown = sel.__name__ if isinstance(sel, type) else repr(sel)

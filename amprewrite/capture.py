@@ -477,7 +477,7 @@ def annotate_dynamo_graph(graph: fx.Graph) -> None:
         node.meta[M.MODULE_TYPES] = tuple(e[1] for e in entries if isinstance(e[1], type))
         if node.op != "output":
             node.meta[M.ORIG] = M.info_from_value(
-                node.meta.get("example_value", node.meta.get("val")))
+                M.fake_value(node))
 
 
 @contextlib.contextmanager

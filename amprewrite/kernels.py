@@ -357,7 +357,7 @@ def _concrete(value: object) -> object:
 
 
 def _hint(node: fx.Node) -> object:
-    value = node.meta.get("val", node.meta.get("example_value", _UNKNOWN))
+    value = M.fake_value(node, _UNKNOWN)
     return _UNKNOWN if value is _UNKNOWN else _concrete(value)
 
 

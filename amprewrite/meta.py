@@ -47,7 +47,8 @@ import torch
 from torch import fx
 
 __all__ = ["PASS_WRITTEN", "PROVENANCE", "Label", "ValueInfo", "copy_provenance",
-           "current_node", "current_pass", "each_node", "reset", "source_line"]
+           "current_node", "current_pass", "each_node", "fake_value", "node_kind", "reset",
+           "source_line"]
 
 ORIG = "amp_orig"  # ValueInfo of the original model's value
 MODULE_PATH = "amp_module_path"
@@ -79,6 +80,31 @@ class Label(str, enum.Enum):
 
 
 HIGH, LOW = Label.HIGH, Label.LOW
+
+
+def node_kind(node: fx.Node) -> str:
+    """What a node is, in the one vocabulary of reports, checks and views: ``"cast"`` (one
+    amprewrite inserted), its precision class (``"low"``, ``"fp32"``, ...), or ``"input"``,
+    ``"param"``, ``"output"``, ``"nonfloat"``."""
+    if CAST in node.meta:
+        return "cast"
+    cls = node.meta.get(CLASS)
+    if cls is not None:
+        return cls.value
+    return {"placeholder": "input", "get_attr": "param", "output": "output"}.get(node.op,
+                                                                                 "nonfloat")
+
+
+def fake_value(node: fx.Node, default: object = None) -> object:
+    """The value a capture recorded for ``node``: dynamo's ``example_value``, else the ``val``
+    of ATen-level graphs; ``default`` when there is none (symbolic traces)."""
+    value = node.meta.get("example_value", _NONE)
+    if value is _NONE:
+        value = node.meta.get("val", default)
+    return value
+
+
+_NONE = object()
 
 
 def copy_provenance(src: fx.Node, dst: fx.Node, value: bool = False) -> fx.Node:

@@ -56,6 +56,7 @@ __all__ = [
     "family_of",
     "inplace_counterpart",
     "op_name",
+    "op_qualname",
     "override_families",
     "reads_values",
     "register_family",
@@ -1087,6 +1088,10 @@ def _reindex() -> None:
     for fam in _FAMILIES.values():
         for key, alias in fam.aliases.items():
             _ALIASES.setdefault(key, alias)
+        for fn in fam.functions:  # view functions a view chain replays (runtime.replay_view)
+            name = getattr(fn, "__name__", "")
+            if fam.aliases.get(name) is Alias.VIEW and not hasattr(torch.Tensor, name):
+                runtime.VIEW_FUNCTIONS.setdefault(runtime.view_function_key(fn), fn)
         for key, write in fam.writes.items():
             _WRITES.setdefault(key, write)
         for fn, plain in fam.inplace.items():
@@ -1179,11 +1184,31 @@ def op_name(node: fx.Node) -> str:
     return t if isinstance(t, str) else getattr(t, "__name__", "")
 
 
+def op_qualname(target: object) -> str | None:
+    """``mylib::scale`` for a ``torch.ops`` operator (``aten::add.Tensor`` for an overload other
+    than ``default``); None for anything else. Selectors and reports spell custom ops this way.
+
+    >>> op_qualname(torch.ops.aten.add.Tensor), op_qualname(torch.ops.aten.relu.default)
+    ('aten::add.Tensor', 'aten::relu')
+    """
+    if isinstance(target, torch._ops.OpOverload):
+        base = target._schema.name
+        overload = target._overloadname
+        return base if overload in ("default", "") else f"{base}.{overload}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target._qualified_op_name
+    return None
+
+
 def qualified_name(node: fx.Node) -> str:
-    """``torch.foo`` / ``Tensor.foo`` / ``mymodule.foo``: how a user would spell the op."""
+    """``torch.foo`` / ``Tensor.foo`` / ``mymodule.foo`` / ``mylib::foo``: how a user would
+    spell the op."""
     if node.op == "call_method":
         return f"Tensor.{node.target}"
     t = node.target
+    op = op_qualname(t)
+    if op is not None:
+        return op
     module = getattr(t, "__module__", None) or ""
     module = {"torch._C._nn": "torch.nn.functional", "torch._C._special": "torch.special",
               "torch._C._linalg": "torch.linalg", "torch._C._fft": "torch.fft",

@@ -150,12 +150,13 @@ def check_selectors(policy: Policy, paths: Iterable[str], owner: str) -> None:
     known = set(paths)
     for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
         for sel in selectors:
-            if isinstance(sel, type) or sel in FAMILIES or sel in known or sel.startswith("node:"):
-                continue
+            if (isinstance(sel, type) or sel in FAMILIES or sel in known
+                    or sel.startswith("node:") or "::" in sel):
+                continue  # operators ("mylib::scale") and families may be absent from a graph
             close = difflib.get_close_matches(sel, paths + list(FAMILIES), n=3, cutoff=0.6)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             raise PolicyError(
                 f"{option} names '{sel}', which is neither a module of {owner} nor an op "
-                f"family.{hint} Use a path from model.named_modules(), an nn.Module type, or a "
-                "family name from amprewrite.FAMILIES."
+                f"family.{hint} Use a path from model.named_modules(), an nn.Module type, a "
+                "family name from amprewrite.FAMILIES, or an operator as 'namespace::name'."
             )

@@ -93,7 +93,7 @@ class Steps:
         if self._live is not None:
             text = self.message + (f": {self._status}" if self._status else "")
             self._live.update(self._task, description=self._prefix() + _escape(text),
-                              advance=advance, detail="")
+                              advance=advance, detail="", refresh=True)  # every stage is seen
 
     def step(self, message: str) -> None:
         """Start the next step."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 import torch
@@ -49,11 +49,23 @@ def replay_view(base: torch.Tensor, steps: Sequence[ViewStep]) -> torch.Tensor:
     """
     view = base
     for name, args, kwargs in steps:
-        if name in _PROPERTIES:
+        if name.startswith("fn:"):  # a view function the registry names: fn(view, ...)
+            view = VIEW_FUNCTIONS[name[3:]](view, *args, **kwargs)
+        elif name in _PROPERTIES:
             view = getattr(view, name)
         else:
             view = getattr(view, name)(*args, **kwargs)
     return view
+
+
+# View functions of the registry's families (``Family.aliases``), by :func:`view_function_key`:
+# a view chain names them as ``"fn:<key>"``, data a graph can hold. Filled by amprewrite.ops.
+VIEW_FUNCTIONS: dict[str, Callable] = {}
+
+
+def view_function_key(fn: object) -> str:
+    """The name a view chain gives a view function: ``module.qualname``."""
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def setitem(base: torch.Tensor, index: object, value: object) -> torch.Tensor:

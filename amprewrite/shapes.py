@@ -23,6 +23,8 @@ from torch import fx, nn
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
+from .meta import fake_value
+
 __all__ = ["BATCH", "InputCheck", "InputGuard", "capture_spec", "flat_inputs",
            "positional_leaves"]
 
@@ -107,7 +109,7 @@ class InputGuard:
         fakes, where = [], []
         shape_env = None
         for i, (node, example) in enumerate(zip(placeholders, example_flat)):
-            fake = node.meta.get("example_value", node.meta.get("val"))
+            fake = fake_value(node)
             name = names[i] if i < len(names) else node.name
             if isinstance(fake, torch.Tensor) and hasattr(fake, "fake_mode"):
                 shape_env = shape_env or fake.fake_mode.shape_env

@@ -261,8 +261,7 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
         if node.name not in values:
             continue
         value, ref = values[node.name], reference.get(node.name)
-        cls = node.meta.get(M.CLASS)
-        kind = "cast" if M.CAST in node.meta else (cls.value if cls else node.op)
+        kind = M.node_kind(node)
         is_finite = bool(torch.isfinite(value).all())
         comparable = ref is not None and ref.shape == value.shape and M.CAST not in node.meta
         row = NodeError(node.name, node.meta.get(M.MODULE_PATH, ""), node.meta.get(M.FAMILY),

@@ -391,3 +391,45 @@ def test_distribution_log_prob_traces_symbolically():
         out, ref = gm(x), model(x)
     assert torch.isfinite(out).all() and rel_err(out, ref) < 0.02
     assert math.isfinite(rel_err(out, ref))
+
+
+@torch.library.custom_op("amprewrite_test::scale", mutates_args=())
+def _custom_scale(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s
+
+
+@_custom_scale.register_fake
+def _(x, s):
+    return torch.empty_like(x)
+
+
+class _CustomOpModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _custom_scale(self.fc(x), 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_custom_ops_are_named_and_selected_by_their_qualified_name(dtype):
+    """A ``torch.library.custom_op`` runs fp32 (unknown), the report names it as the user wrote
+    it ('amprewrite_test::scale', not torch._ops' internal module path) and advises the
+    selector that works, and that selector opts it back in."""
+    torch.manual_seed(0)
+    model, x = _CustomOpModel().eval(), torch.randn(2, 8)
+    gm = amprewrite.transform(model, dtype, example_inputs=(x,))
+    (row,) = [d for d in amprewrite.report(gm).decisions if d.node.startswith("_custom_scale")
+              or "scale" in d.node]
+    assert row.precision == "fp32"
+    assert row.reason == ("unknown op 'amprewrite_test::scale': fp32; "
+                          "allow_low=['amprewrite_test::scale'] to override")
+    low = amprewrite.transform(model, dtype, example_inputs=(x,),
+                               allow_low=["amprewrite_test::scale"])
+    (row,) = [d for d in amprewrite.report(low).decisions if d.node == row.node]
+    assert row.precision == "promote" and row.dtype == str(dtype)
+    with torch.no_grad():
+        assert rel_err(low(x), model(x)) < 2e-2
+    with pytest.raises(amprewrite.PolicyError, match="namespace::name"):
+        amprewrite.transform(model, dtype, example_inputs=(x,), allow_low=["scale"])

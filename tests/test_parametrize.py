@@ -125,7 +125,7 @@ def test_capture_failure_dynamo_alone_survives_is_blamed_on_amprewrite(monkeypat
     or the model."""
     model = nn.Sequential(nn.Linear(4, 4))
 
-    def broken_export(model, args, kwargs):
+    def broken_export(model, args, kwargs, *spec):
         raise RuntimeError("copy went wrong")
 
     monkeypatch.setattr(C, "_export", broken_export)

@@ -53,6 +53,7 @@ from ..ops import (
     Alias,
     Write,
     alias_of,
+    family_of,
     function_counterpart,
     inplace_counterpart,
     inplace_flag,
@@ -60,7 +61,7 @@ from ..ops import (
     write_of,
 )
 from ..report import record
-from ..runtime import setitem, write_view
+from ..runtime import VIEW_FUNCTIONS, setitem, view_function_key, write_view
 from .base import Kind, Pass
 
 __all__ = ["Functionalize"]
@@ -88,7 +89,7 @@ def _storages(value: object) -> set[int]:
 
 
 def _fake(node: fx.Node) -> object:
-    return node.meta.get("example_value", node.meta.get("val"))
+    return M.fake_value(node)
 
 
 def _is_tensorish(node: fx.Node) -> bool:
@@ -191,6 +192,10 @@ def _view_parent(node: fx.Node, st: _State) -> tuple[fx.Node | None, bool, bool]
             return (first, True, True) if src == dst else (None, True, True)
         return first, False, True
     if alias is Alias.MAYBE_VIEW:
+        return first, False, True
+    if node.op in ("call_function", "call_method") and family_of(node) is None:
+        # An op the registry does not know may return a view of its input (a library's
+        # ``rows_of(x)``): a write through it, where it could matter, is refused, not guessed.
         return first, False, True
     return None, True, True
 
@@ -346,9 +351,12 @@ class _Functionalizer:
             later = [u for n, rr in st.root.items() if rr is base for u in n.users
                      if st.order.get(u, -1) > st.order[node]]
             if base.op in ("placeholder", "get_attr") or later:
+                what = (f"a {_op_name(r)} copies only when it must" if family_of(r) is not None
+                        else f"'{_op_name(r)}' is an op amprewrite's registry does not know, "
+                        "so whether it returns a view is unknown")
                 raise _unsupported(node, f"it writes '{a.name}', which may or may not share "
-                                   f"memory with '{src.name}' (a {_op_name(r)} copies only "
-                                   "when it must), and that tensor is read again")
+                                   f"memory with '{src.name}' ({what}), and that tensor is "
+                                   "read again")
             src = st.uncertain.get(base)
 
     def _steps(self, a: fx.Node) -> tuple[tuple, fx.Node]:
@@ -367,6 +375,14 @@ class _Functionalizer:
                 name = name.replace("reshape", "view")  # fails loudly where it would copy
             if view.op == "call_function" and view.target is builtins.getattr:
                 steps.append((name, (), {}))
+            elif view.op == "call_function" and alias_of(name) is Alias.VIEW and not hasattr(
+                    torch.Tensor, name):
+                # A view function the registry names (a library's view op): replayed by calling
+                # it on the base, as a Tensor method is.
+                key = view_function_key(view.target)
+                if key not in VIEW_FUNCTIONS:
+                    raise _unsupported(view, f"'{name}' is no view function of the registry")
+                steps.append(("fn:" + key, tuple(view.args[1:]), dict(view.kwargs)))
             else:
                 if not hasattr(torch.Tensor, name):
                     raise _unsupported(view, f"'{name}' has no Tensor method to replay it with")

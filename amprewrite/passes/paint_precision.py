@@ -36,6 +36,7 @@ from ..ops import (
     family_of,
     is_conversion,
     number_inputs,
+    op_qualname,
     precision_of,
     qualified_name,
     writes_in_place,
@@ -61,6 +62,9 @@ def matches(node: fx.Node, selector: Selector) -> bool:
         return node.name == selector[5:]
     if selector in FAMILIES:
         return node.meta.get(M.FAMILY) == selector
+    if "::" in selector:  # an operator by qualified name: "mylib::scale" (any overload)
+        op = op_qualname(node.target) if node.op == "call_function" else None
+        return op is not None and (op == selector or op.split(".")[0] == selector)
     path = node.meta.get(M.MODULE_PATH, "")
     return path == selector or path.startswith(selector + ".")
 
@@ -126,8 +130,10 @@ class PaintPrecision(Pass):
                                         "own fp32 parameters")
         else:
             # Unknown means fp32: safe for any op; allow_low opts a node back in.
+            op = op_qualname(node.target)
+            shown = op.split(".")[0] if op is not None else f"node:{node.name}"
             cls, why = Precision.FP32, (f"unknown op '{qualified_name(node)}': fp32; "
-                                        f"allow_low=['node:{node.name}'] to override")
+                                        f"allow_low=['{shown}'] to override")
         if (node.target is operator.getitem and node.args
                 and info(node.args[0]).kind == "seq"):
             node.meta[M.TIED] = True  # an element of a tuple: cast the tuple's producer

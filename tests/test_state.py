@@ -1,0 +1,77 @@
+"""Transforms leave the process as they found it: dynamo's tables, the registry, the kernel
+cache, dynamo's configuration and the caller's inputs are the same after 30 transforms.
+
+Measured once (zoo GPT-2, ``benchmarks/transform_memory.py``): resident memory grew 3.5 MB per
+transform before capture released dynamo's backend-table entry and shape caches, 1.4-1.7 MB
+after (what is left is held by torch's own export: plain ``torch._dynamo.export`` keeps one
+ShapeEnv per call too). Memory is a benchmark, not a test: here the tables are counted.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+
+import amprewrite
+from amprewrite import kernels, ops
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.norm(x + self.fc2(torch.relu(self.fc1(x)))).softmax(-1)
+
+
+def _dynamo_state(model: nn.Module) -> dict:
+    import torch._dynamo.eval_frame as ef
+    from torch.utils import _pytree as pytree
+
+    return {
+        "cached_backends": len(ef.cached_backends),
+        "forward cache entries": len(ef._debug_get_cache_entry_list(type(model).forward.__code__)),
+        "config": {k: getattr(torch._dynamo.config, k) for k in
+                   ("recompile_limit", "accumulated_recompile_limit")
+                   if hasattr(torch._dynamo.config, k)},
+        "pytree nodes": len(pytree.SUPPORTED_NODES),
+    }
+
+
+def test_thirty_transforms_leave_dynamo_and_the_registry_unchanged():
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(4, 16)
+    x_before = x.clone()
+    amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))  # imports, first probes
+    gc.collect()
+    state, families = _dynamo_state(model), dict(ops.FAMILIES)
+    verdicts = len(kernels._CACHE)
+    for i in range(30):
+        dtype = (torch.bfloat16, torch.float16)[i % 2]
+        gm = amprewrite.transform(model, dtype, example_inputs=(x,), verify=i % 10 == 0)
+        with torch.no_grad():
+            assert torch.isfinite(gm(x)).all()
+        del gm
+    gc.collect()
+    assert _dynamo_state(model) == state
+    assert dict(ops.FAMILIES) == families
+    assert len(kernels._CACHE) <= verdicts + 8  # the fp16 verdicts, once
+    assert torch.equal(x, x_before)
+
+
+def test_an_export_leaves_no_backend_in_dynamos_table():
+    """Each export added its capturing compiler (holding its graph and fake tensors) to
+    ``eval_frame.cached_backends`` for the life of the process."""
+    import torch._dynamo.eval_frame as ef
+
+    model = Block().eval()
+    amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 16),))
+    before = dict(ef.cached_backends)
+    for _ in range(3):
+        amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 16),),
+                             verify=False)
+    assert dict(ef.cached_backends) == before

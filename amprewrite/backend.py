@@ -16,6 +16,9 @@ behaves the same in any thread (``nn.DataParallel``) or process (DDP).
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 
 import torch
@@ -137,11 +140,39 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
     return compile_with_amprewrite
 
 
-def _register() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
-
-    if "amprewrite" not in _BACKENDS or _BACKENDS["amprewrite"] is None:
-        register_backend(compiler_fn=amprewrite_backend, name="amprewrite")
+_REGISTRY = "torch._dynamo.backends.registry"
 
 
-_register()
+def _register(registry: object) -> None:
+    backends = registry._BACKENDS  # type: ignore[attr-defined]
+    if "amprewrite" not in backends or backends["amprewrite"] is None:
+        registry.register_backend(compiler_fn=amprewrite_backend,  # type: ignore[attr-defined]
+                                  name="amprewrite")
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Registers the backend when torch dynamo's backend registry is first imported (by
+    ``torch.compile``), so ``import amprewrite`` does not import dynamo (about 0.8 s). An
+    installed amprewrite is also found through its ``torch_dynamo_backends`` entry point."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if _REGISTRY in sys.modules:
+    _register(sys.modules[_REGISTRY])
+elif not any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterOnImport())

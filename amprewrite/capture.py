@@ -181,10 +181,8 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
             first = text.splitlines()[0] if text else type(error).__name__
             raise CaptureError(
                 f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
-                f"{type(error).__name__}: {first} The model runs eagerly on these inputs, so it "
-                "has a graph break or an output type that torch dynamo cannot capture as one graph "
-                "(the cause is outside amprewrite): rewrite the construct dynamo names, or "
-                "register a custom output type with torch.utils._pytree.register_pytree_node."
+                f"{type(error).__name__}: {first} The model runs eagerly on these inputs "
+                f"(the cause is outside amprewrite). {_capture_advice(text, out)}"
             ) from None
     src = exported.graph_module
     graph = src.graph
@@ -406,6 +404,46 @@ def _own_failure(model: nn.Module, exc: BaseException) -> str:
         "the model's class; meanwhile, transform without example_inputs (symbolic tracing) or "
         "compile with torch.compile's default backend under torch.autocast."
     )
+
+
+def _capture_advice(text: str, out: object) -> str:
+    """What to do about a capture dynamo refused, from its message and the eager output."""
+    caches = sorted({type(v).__name__ for v in _leaves(out)
+                     if type(v).__module__.startswith("transformers")
+                     and type(v).__name__.endswith("Cache")})
+    if caches:
+        return (f"It returns a transformers {caches[0]} (use_cache=True, the model's default), "
+                "which dynamo cannot return from a graph: pass use_cache=False with the inputs "
+                "(example_inputs={'input_ids': ids, 'use_cache': False}) or set "
+                "model.config.use_cache = False before transforming; for generate(), "
+                "amprewrite.for_generation(model) keeps the cache outside the graph.")
+    lowered = text.lower()
+    if "data-dependent" in lowered or "data dependent" in lowered:
+        return ("Its control flow or output shapes depend on tensor values (a detection model's "
+                "boxes, a branch on x.sum() > 0), which one graph cannot hold: "
+                "torch.compile(model, backend='amprewrite') splits the model at those points and "
+                "transforms every graph; or write the branch with torch.where or torch.cond.")
+    if "pytree" in lowered or "output" in lowered:
+        return ("It returns a type dynamo cannot return from a graph: register it with "
+                "torch.utils._pytree.register_pytree_node, or return tensors, tuples or dicts.")
+    return ("It has a construct dynamo cannot capture as one graph: rewrite the construct "
+            "dynamo names, or use torch.compile(model, backend='amprewrite'), which splits the "
+            "model at graph breaks and transforms every graph.")
+
+
+def _leaves(value: object, depth: int = 0) -> list[object]:
+    """The objects in a model output (through tuples, lists, dicts and dataclass fields)."""
+    if depth > 20:
+        return []
+    if isinstance(value, Mapping):
+        children = list(value.values())
+    elif isinstance(value, (tuple, list)):
+        children = list(value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    else:
+        return [value]
+    return [leaf for child in children for leaf in _leaves(child, depth + 1)]
 
 
 def _eager_run(model: nn.Module, args: tuple, kwargs: dict) -> tuple[str | None, object]:

@@ -24,7 +24,7 @@ REASON          paint_precision, insert_casts          reports
 TIED            paint_precision                        plan (never cast the tied input)
 MIXED           paint_precision (probe-confirmed)      plan, insert_casts (dtype=), reports
 NATURAL         paint_precision, insert_casts          plan
-LABEL           insert_casts (the plan), store_params  insert_casts, reports
+LABEL           plan_casts, store_params               insert_casts, reports
 CAST            insert_casts                           store_params, reports, re-transforms
 MADE_BY         copy_provenance (the running pass)     reports (nodes a rewrite pass made)
 ==============  =====================================  ==========================================

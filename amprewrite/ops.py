@@ -843,8 +843,8 @@ _TABLE: list[Family] = [
                        "empty_strided", "hann_window", "hamming_window", "blackman_window",
                        "bartlett_window", "kaiser_window", "zeros_like", "ones_like",
                        "empty_like", "full_like", "new_zeros", "new_ones", "new_empty",
-                       "new_full", "new_tensor", "tensor", "as_tensor", "scalar_tensor",
-                       "asarray", "from_numpy"],
+                       "new_empty_strided", "new_full", "new_tensor", "tensor", "as_tensor",
+                       "scalar_tensor", "asarray", "from_numpy"],
         # Only data and fill values are numbers the result is made of (zeros_like(ids) reads
         # no value of ids; torch.tensor(ids, dtype=float) converts them).
         out=Out.FACTORY, probe=False, values=("data", "obj", "fill_value", "start", "end")),
@@ -1151,6 +1151,10 @@ def family_of(node: fx.Node, module: nn.Module | None = None) -> Family | None:
     fam: Family | None = None
     if node.op == "call_function":
         fam = family_for_function(node.target)
+        if fam is None and getattr(node.target, "__objclass__", None) in (torch._C.TensorBase,
+                                                                           torch.Tensor):
+            # A Tensor method called unbound (``getattr(t, name)(...)`` in a symbolic trace).
+            fam = family_for_method(node.target.__name__)
         if fam is None and getattr(node.target, "__name__", "").endswith("_"):
             fam = family_for_function(getattr(torch, node.target.__name__[:-1], None))
     elif node.op == "call_method":

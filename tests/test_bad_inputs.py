@@ -11,7 +11,7 @@ from torch import fx, nn
 import amprewrite
 from amprewrite import CaptureError, ModelError, PolicyError, ShapeError
 
-from .helpers import graph_signature, unchanged
+from .helpers import graph_signature, rel_err, unchanged
 
 X = torch.randn(2, 4)
 
@@ -408,3 +408,51 @@ def test_deepcopy_of_the_result_is_independent():
     with torch.no_grad():
         other.get_submodule("0").weight.zero_()
     assert not torch.equal(model[0].weight, torch.zeros(4, 4))
+
+
+class _DataDependentBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # a branch on a tensor's value
+            return h * 2
+        return h
+
+
+def test_data_dependent_branching_advises_the_backend_not_pytree():
+    """The capture error names the cause (values decide the control flow) and the route that
+    works (the backend splits the model there), not a pytree registration."""
+    with pytest.raises(amprewrite.CaptureError) as err:
+        amprewrite.transform(_DataDependentBranch(), torch.bfloat16,
+                             example_inputs=(torch.randn(2, 8),))
+    msg = str(err.value)
+    assert "torch.compile(model, backend='amprewrite')" in msg and "torch.cond" in msg
+    assert "pytree" not in msg and len(msg.splitlines()) == 1
+    compiled = torch.compile(_DataDependentBranch(), backend="amprewrite")
+    assert compiled(torch.randn(2, 8)).dtype == torch.float32  # the advice works
+
+
+def test_hf_default_use_cache_says_exactly_what_to_do():
+    """HF causal LMs return a DynamicCache by default (use_cache=True), which no graph can
+    return: the error says use_cache=False / for_generation, and the fix it gives works."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    assert cfg.use_cache
+    torch.manual_seed(0)
+    model, ids = LlamaForCausalLM(cfg).eval(), torch.randint(0, 128, (2, 8))
+    with pytest.raises(amprewrite.CaptureError) as err:
+        amprewrite.transform(model, torch.bfloat16, example_inputs=(ids,))
+    msg = str(err.value)
+    assert "DynamicCache" in msg and "use_cache=False" in msg and "for_generation" in msg
+    assert "register_pytree_node" not in msg
+    gm = amprewrite.transform(model, torch.bfloat16,
+                              example_inputs={"input_ids": ids, "use_cache": False})
+    with torch.no_grad():
+        out = gm(input_ids=ids, use_cache=False).logits
+        ref = model(input_ids=ids, use_cache=False).logits
+    assert rel_err(out, ref) < 2e-2

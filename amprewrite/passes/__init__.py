@@ -26,6 +26,7 @@ from .infer_dtypes import InferDtypes
 from .insert_casts import InsertCasts
 from .normalize import NormalizeModules
 from .paint_precision import PaintPrecision
+from .plan_casts import PlanCasts
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 from .vectorize_loops import VectorizeLoops
@@ -50,6 +51,8 @@ PASSES: tuple[type[Pass], ...] = (
     # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
     ReplaceUpsample,
     PaintPrecision,
+    # The cast plan (which dtype each value is stored in), then the casts that realise it.
+    PlanCasts,
     InsertCasts,
     # Last: it replaces weight casts that insert_casts made with stored low copies.
     StoreParams,

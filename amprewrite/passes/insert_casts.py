@@ -1,4 +1,4 @@
-"""plan_casts + insert_casts: decide every value's dtype, then put ``Tensor.to`` nodes between.
+"""insert_casts: realise the cast plan (``plan_casts``'s ``meta[LABEL]``) with ``Tensor.to`` nodes.
 
 Matches:   ``y = F.linear(x, w, b)`` with x, w, b fp32 and linear LOW
 Rewrite to: ``x_bf16 = x.to(torch.bfloat16); w_bf16 = w.to(torch.bfloat16); ...;
@@ -18,7 +18,7 @@ from torch import fx
 from .. import meta as M
 from ..meta import HIGH, LOW, info
 from ..ops import Mixed, Precision, conversion_target, is_conversion
-from ..plan import float_inputs, plan_labels, requirement
+from ..plan import float_inputs, requirement
 from ..report import record
 from ..runtime import cast_if_float
 from .base import Kind, Pass
@@ -27,15 +27,14 @@ __all__ = ["InsertCasts", "add_cast"]
 
 
 class InsertCasts(Pass):
-    """Plan the labels (:mod:`amprewrite.plan`) and realise them with cast nodes."""
+    """Realise the labels ``plan_casts`` chose with cast nodes."""
 
     name, kind = "insert_casts", Kind.REWRITE
-    requires = (M.ORIG, M.CLASS, M.NATURAL, M.TIED, M.MIXED)
+    requires = (M.ORIG, M.CLASS, M.NATURAL, M.TIED, M.MIXED, M.LABEL)
     writes = (M.LABEL, M.CAST, M.CLASS, M.NATURAL, M.FAMILY, M.REASON, M.ORIG, M.MIXED)
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
-        plan_labels(gm, self.policy.keep_io_dtype, low)
         casts: dict[tuple[fx.Node, str], fx.Node] = {}
         graph = gm.graph
         for consumer in M.each_node(graph):

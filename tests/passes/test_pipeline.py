@@ -40,8 +40,8 @@ def test_every_pass_declares_itself_and_the_order_holds():
 def test_a_pass_before_what_it_requires_is_refused():
     passes = pipeline(Policy())
     paint = next(i for i, p in enumerate(passes) if p.name == "paint_precision")
-    moved = [passes[paint + 1], *passes[:paint], *passes[paint + 1 + 1:]]  # insert_casts first
-    with pytest.raises(PassError, match=r"'insert_casts' requires node\.meta keys"):
+    moved = [passes[paint + 1], *passes[:paint], *passes[paint + 1 + 1:]]  # plan_casts first
+    with pytest.raises(PassError, match=r"'plan_casts' requires node\.meta keys"):
         check_order(moved)
 
 

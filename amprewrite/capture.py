@@ -101,13 +101,12 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
         where = ""
         if frame is not None:
             where = f" at {frame.filename}:{frame.lineno} (`{(frame.line or '').strip()}`)"
+        text = str(exc).splitlines()[0] if str(exc) else ""
         raise CaptureError(
             f"amprewrite could not trace {type(model).__name__} symbolically{where}: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
-            "torch.fx.symbolic_trace cannot follow Python control flow on tensor shapes or "
-            "values. Pass example_inputs=(...) to amprewrite.transform so the model is captured "
-            "with torch dynamo, which handles shape-dependent control flow and loops (branches "
-            "on tensor values need torch.where or torch.cond in the model)."
+            f"{type(exc).__name__}: {text}. {_symbolic_cause(text)} Pass example_inputs=(...) "
+            "to amprewrite.transform so the model is captured with torch dynamo, which "
+            "handles it (branches on tensor values need torch.where or torch.cond)."
         ) from None
     written = [f"{mod_name}.{name}".lstrip(".") for mod_name, mod in traced.named_modules()
                for name, b in mod._buffers.items() if b is not None and b._version > 0]
@@ -133,6 +132,17 @@ def _symbolic(model: nn.Module) -> fx.GraphModule:
     # tracer created (``_tensor_constant0``) only exist on the traced copy.
     return rebuild(model, graph, lambda target: get_attr(model, target) if has_attr(model, target)
                     else get_attr(traced, target), fx.GraphModule)
+
+
+def _symbolic_cause(text: str) -> str:
+    """What a symbolic-trace failure means, from its message."""
+    if "Proxy" in text and "assignment" in text:
+        return ("The model assigns into a tensor or attribute being traced (x[i] = v, "
+                "config.x = t), which torch.fx.symbolic_trace cannot record.")
+    if "control flow" in text or "iterate" in text or "bool" in text.lower():
+        return ("torch.fx.symbolic_trace cannot follow Python control flow or loops on tensor "
+                "shapes or values.")
+    return "torch.fx.symbolic_trace cannot trace this construct."
 
 
 def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None

@@ -456,3 +456,18 @@ def test_hf_default_use_cache_says_exactly_what_to_do():
         out = gm(input_ids=ids, use_cache=False).logits
         ref = model(input_ids=ids, use_cache=False).logits
     assert rel_err(out, ref) < 2e-2
+
+
+class _IndexAssign(nn.Module):
+    def forward(self, x):
+        x[0] = 1.0  # a Proxy assignment under symbolic tracing
+        return x * 2
+
+
+def test_symbolic_trace_failure_names_the_assignment_not_control_flow():
+    """A Proxy item assignment was blamed on control flow."""
+    with pytest.raises(amprewrite.CaptureError) as err:
+        amprewrite.transform(_IndexAssign(), torch.bfloat16, verify=False)
+    msg = str(err.value)
+    assert "assigns into a tensor" in msg and "control flow or loops" not in msg
+    assert "example_inputs=" in msg and len(msg.splitlines()) == 1

@@ -433,3 +433,23 @@ def test_custom_ops_are_named_and_selected_by_their_qualified_name(dtype):
         assert rel_err(low(x), model(x)) < 2e-2
     with pytest.raises(amprewrite.PolicyError, match="namespace::name"):
         amprewrite.transform(model, dtype, example_inputs=(x,), allow_low=["scale"])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_c_nn_upsample_is_classified_by_its_mode_not_by_argument_positions(dtype):
+    """``torch._C._nn.upsample_bilinear2d(x, size, align_corners)`` has no mode argument: it was
+    read as nearest ("exact in any dtype"). Its name says the mode."""
+    class Up(nn.Module):
+        def forward(self, x):
+            a = torch._C._nn.upsample_bilinear2d(x, (8, 8), False)
+            b = torch._C._nn.upsample_nearest2d(x, (8, 8))
+            return a + b
+
+    gm = amprewrite.transform(Up(), dtype, example_inputs=(torch.randn(1, 2, 4, 4),),
+                              upsample="never")
+    rows = [d for d in amprewrite.report(gm).decisions if d.family == "interpolate"]
+    bilinear = [d for d in rows if "bilinear" in d.target]
+    nearest = [d for d in rows if "nearest" in d.target]
+    assert bilinear and all(d.precision != "neutral" for d in bilinear)
+    assert "exact in any dtype" not in bilinear[0].reason
+    assert nearest and all(d.precision == "neutral" for d in nearest)

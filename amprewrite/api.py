@@ -18,12 +18,12 @@ from . import meta as M
 from .capture import capture
 from .errors import ModelError, NotVerifiedWarning, PolicyError
 from .graphmodule import DynamoGraphModule
-from .ops import FAMILIES, Precision
+from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
 from .policy import Policy, Selector, check_selectors
 from .progress import status, transform_progress
-from .report import POLICY_KEY, REPORT_KEY, Decision, Report
+from .report import POLICY_KEY, REPORT_KEY, Report, decisions_of
 
 __all__ = ["transform"]
 
@@ -133,9 +133,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     if on_pass is not None:
         on_pass("capture", gm)
     status(f"running the passes on {len(gm.graph.nodes)} nodes")
-    rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
-    rep.decisions = _decisions(gm, policy)
+    rep.decisions = decisions_of(gm, policy)
     rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         # To transform again for inputs of other shapes. With params="low" only weakly: the
@@ -197,61 +196,10 @@ def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"
     start = time.perf_counter()
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method)
     gm.meta[REPORT_KEY] = rep
-    rep.notes += transform_bodies(gm, policy)
     gm = run_pipeline(gm, pipeline(policy), rep.timings)
-    rep.decisions = _decisions(gm, policy)
+    rep.decisions = decisions_of(gm, policy)
     rep.timings["total"] = time.perf_counter() - start
     return gm
-
-
-# Higher-order ops whose first argument is a subgraph called once on the other arguments, its
-# outputs returned as they are: activation checkpointing (``checkpoint_wrapper``,
-# ``torch.utils.checkpoint`` under dynamo) and dynamo's plain ``wrap``.
-_BODY_OPS = {"tag_activation_checkpoint", "wrap"}
-
-
-def transform_bodies(gm: fx.GraphModule, policy: Policy) -> list[str]:
-    """Transform the body of each activation-checkpoint (or ``wrap``) region as a graph of its
-    own, its inputs and outputs kept in their dtypes (fp32), and return report notes.
-
-    The passes do not look inside a subgraph: without this the region is one op they do not
-    know, run in fp32, and a checkpointed transformer block would not run low at all. The
-    boundary is fp32, so the outer graph's plan stays valid whatever happens inside; the price
-    is a cast at each region input and output. Other higher-order ops (``cond``, ``map``,
-    ``while_loop``) keep fp32 bodies: their bodies are called under conditions the passes do
-    not model.
-    """
-    from .capture import annotate_dynamo_graph
-
-    notes = []
-    inner = dataclasses.replace(policy, keep_io_dtype=True)
-    for node in list(gm.graph.nodes):
-        name = getattr(node.target, "__name__", "")
-        if node.op != "call_function" or name not in _BODY_OPS or not node.args:
-            continue
-        body_ref = node.args[0]
-        if not (isinstance(body_ref, fx.Node) and body_ref.op == "get_attr"):
-            continue
-        body = gm.get_submodule(str(body_ref.target))
-        if not isinstance(body, fx.GraphModule):
-            continue
-        node.meta[M.FORCE] = (Precision.FP32, f"{name} region: its body is transformed as its "
-                              "own graph, with fp32 inputs and outputs")
-        if REPORT_KEY in body.meta:
-            continue  # transformed already: a body two regions call
-        annotate_dynamo_graph(body.graph)
-        for inner_node in body.graph.nodes:  # the body's nodes belong to the outer module
-            if not inner_node.meta.get(M.MODULE_PATH):
-                inner_node.meta[M.MODULE_PATH] = node.meta.get(M.MODULE_PATH, "")
-        new_body = transform_graph(body, inner)
-        if new_body is not body:
-            gm.set_submodule(str(body_ref.target), new_body)
-            body = new_body
-        counts = body.meta[REPORT_KEY].counts()
-        notes.append(f"{node.name}: the {name} region's body was transformed as its own graph "
-                     f"({counts.get('low', 0)} low ops, {counts.get('cast', 0)} casts), with "
-                     "fp32 inputs and outputs")
-    return notes
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -315,24 +263,6 @@ def _check_node_selectors(gm: fx.GraphModule, policy: Policy) -> None:
                     f"have.{hint} Node names come from amprewrite.report(gm) of the same model "
                     "and example inputs."
                 )
-
-
-def _decisions(gm: fx.GraphModule, policy: Policy) -> list[Decision]:
-    out = []
-    for node in gm.graph.nodes:
-        label = node.meta.get(M.LABEL)
-        cls = node.meta.get(M.CLASS)
-        precision = M.node_kind(node)
-        storage = None if label is None else str(torch.float32 if label == M.HIGH
-                                                  else policy.dtype)
-        # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
-        dtype = str(torch.float32) if storage and cls == Precision.FP32 else storage
-        target = node.target if isinstance(node.target, str) else getattr(
-            node.target, "__name__", str(node.target))
-        out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
-                            node.meta.get(M.FAMILY), precision, dtype,
-                            node.meta.get(M.REASON, ""), M.source_line(node), storage))
-    return out
 
 
 def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:

@@ -17,7 +17,7 @@ ORIG            capture (dynamo), infer_dtypes, any    every pass
                 rewrite for the nodes it makes
 MODULE_PATH     capture (copied by copy_provenance)    reports, keep_fp32 / allow_low selectors
 MODULE_TYPES    capture (copied by copy_provenance)    keep_fp32 / allow_low by module type
-FORCE           replace_upsample                       paint_precision
+FORCE           transform_bodies, replace_upsample     paint_precision
 FAMILY          paint_precision                        plan, insert_casts, reports
 CLASS           paint_precision, insert_casts          plan, insert_casts, reports
 REASON          paint_precision, insert_casts          reports

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import fx
 
 from . import meta as M
@@ -135,3 +136,23 @@ def report(gm: fx.GraphModule) -> Report:
             "amprewrite.transform (the report is kept in gm.meta['amprewrite_report'])."
         )
     return rep
+
+
+def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
+    """One :class:`Decision` per node of a transformed graph (``policy.dtype`` is the low dtype)."""
+    out = []
+    for node in gm.graph.nodes:
+        label = node.meta.get(M.LABEL)
+        cls = node.meta.get(M.CLASS)
+        precision = M.node_kind(node)
+        storage = None if label is None else str(torch.float32 if label == M.HIGH
+                                                  else policy.dtype)
+        # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
+        dtype = (str(torch.float32) if storage and getattr(cls, "value", None) == "fp32"
+                 else storage)
+        target = node.target if isinstance(node.target, str) else getattr(
+            node.target, "__name__", str(node.target))
+        out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
+                            node.meta.get(M.FAMILY), precision, dtype,
+                            node.meta.get(M.REASON, ""), M.source_line(node), storage))
+    return out

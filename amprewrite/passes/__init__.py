@@ -29,12 +29,16 @@ from .paint_precision import PaintPrecision
 from .plan_casts import PlanCasts
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
+from .transform_bodies import TransformBodies
 from .vectorize_loops import VectorizeLoops
 
 __all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes", "run_pass",
            "run_pipeline", "run_until"]
 
 PASSES: tuple[type[Pass], ...] = (
+    # Before everything: a checkpointed region's body is a graph of its own, transformed by
+    # this whole pipeline (TransformBodies.run_inner), its call kept fp32 at the boundary.
+    TransformBodies,
     # First: every later pass sees functional ops with get_attr weights, like dynamo's IR.
     NormalizeModules,
     # Needs the get_attr nodes normalize made; everything after reads meta[ORIG].
@@ -61,7 +65,15 @@ PASSES: tuple[type[Pass], ...] = (
 
 def pipeline(policy: Policy) -> list[Pass]:
     """The passes of a transform, in the order they run, bound to ``policy``."""
-    return [cls(policy) for cls in PASSES]
+    passes = [cls(policy) for cls in PASSES]
+    for p in passes:
+        if isinstance(p, TransformBodies):
+            p.run_inner = _run_inner
+    return passes
+
+
+def _run_inner(gm: fx.GraphModule, policy: Policy) -> fx.GraphModule:
+    return run_pipeline(gm, pipeline(policy))
 
 
 def rewrite_passes() -> frozenset[str]:

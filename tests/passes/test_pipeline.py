@@ -33,8 +33,12 @@ def test_every_pass_declares_itself_and_the_order_holds():
         assert isinstance(cls.kind, Kind)
         assert all(k.startswith("amp_") for k in (*cls.requires, *cls.writes)), cls
     check_order(pipeline(Policy()))  # raises if a pass reads what no earlier pass writes
-    assert rewrite_passes() == {"vectorize_loops", "replace_upsample", "insert_casts",
-                                "store_params"}
+    assert rewrite_passes() == {"transform_bodies", "vectorize_loops", "replace_upsample",
+                                "insert_casts", "store_params"}
+    # Every stage is a named step of the one list: region bodies first, the cast plan before
+    # the casts that realise it.
+    assert names[0] == "transform_bodies"
+    assert names.index("plan_casts") + 1 == names.index("insert_casts")
 
 
 def test_a_pass_before_what_it_requires_is_refused():

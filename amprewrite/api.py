@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
-import sys
 import time
-import warnings
 import weakref
 from collections.abc import Iterable
 
@@ -16,7 +13,7 @@ from torch import fx, nn
 
 from . import meta as M
 from .capture import capture
-from .errors import ModelError, NotVerifiedWarning, PolicyError
+from .errors import ModelError, PolicyError
 from .graphmodule import DynamoGraphModule
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
@@ -133,7 +130,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     if on_pass is not None:
         on_pass("capture", gm)
     status(f"running the passes on {len(gm.graph.nodes)} nodes")
-    gm = run_pipeline(gm, pipeline(policy), rep.timings, on_pass)
+    passes = pipeline(policy, model=model, example_inputs=example_inputs)
+    gm = run_pipeline(gm, passes, rep.timings, on_pass)
     rep.decisions = decisions_of(gm, policy)
     rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
@@ -141,53 +139,8 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
         # point of low weights is that dropping the fp32 model frees its weights.
         gm._amp_source = (weakref.ref(model) if policy.params == "low" else model, policy,
                           transform_with)
-    if policy.verify:
-        _verify(model, gm, example_inputs, policy, rep)
     rep.timings["total"] = time.perf_counter() - start
     return gm
-
-
-def _verify(model: nn.Module, gm: fx.GraphModule, example_inputs: object, policy: Policy,
-            rep: Report) -> None:
-    from .verify import verify_graph
-
-    if example_inputs is None:
-        # Nothing to run the graph on. Said in the report and as a warning, since a graph that
-        # is silently wrong would otherwise go through unnoticed (verify=False is a choice and
-        # stays quiet).
-        rep.notes.append("verify: not run, there were no example_inputs to run the graph on; "
-                         f"{_VERIFY_ADVICE}")
-        warnings.warn(NotVerifiedWarning(
-            "amprewrite.transform: the returned graph was not verified, because no "
-            f"example_inputs were given to run it on; {_VERIFY_ADVICE} (or verify=False "
-            "to say the check is not wanted)."), stacklevel=_caller_stacklevel())
-        return
-    start = time.perf_counter()
-    status("verifying against fp32 and autocast")
-    # Train mode too: the runs draw equal dropout masks and buffers are restored after each
-    # (verify._Replay), so BatchNorm statistics and the caller's model end as they began.
-    errors = verify_graph(model, gm, example_inputs, policy.dtype)
-    rep.timings["verify"] = time.perf_counter() - start
-    mode = (" in train mode (same random draws in every run, buffers restored)"
-            if gm.training else "")
-    rep.notes.append(f"verify: output error {errors['error']:.3g} against fp32 "
-                     f"(autocast: {errors['autocast_error']:.3g}){mode}")
-
-
-_VERIFY_ADVICE = ("pass example_inputs=(...) to transform to have it checked against fp32 and "
-                  "autocast")
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def _caller_stacklevel() -> int:
-    """``warnings.warn``'s stacklevel for the first frame outside amprewrite, seen from the
-    function that calls this one: the warning then names the user's line, and Python's default
-    filter shows it once per such line (``transform`` and the CLI reach it at other depths)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-            _PACKAGE_DIR + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"

@@ -235,5 +235,10 @@ def corrupt_a_linear(monkeypatch, last: bool = False) -> list[str]:
             return False
 
     real = api.pipeline
-    monkeypatch.setattr(api, "pipeline", lambda policy: [*real(policy), CorruptLinear(policy)])
+
+    def corrupted_pipeline(policy, **verify):  # the broken rewrite goes before the last step,
+        passes = real(policy, **verify)        # the check
+        return [*passes[:-1], CorruptLinear(policy), passes[-1]]
+
+    monkeypatch.setattr(api, "pipeline", corrupted_pipeline)
     return corrupted

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from torch import fx
+from torch import fx, nn
 
 from .. import meta as M
 from ..errors import AmpRewriteError, PassError
@@ -31,6 +31,7 @@ from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 from .transform_bodies import TransformBodies
 from .vectorize_loops import VectorizeLoops
+from .verify_output import VerifyOutput
 
 __all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes", "run_pass",
            "run_pipeline", "run_until"]
@@ -58,17 +59,23 @@ PASSES: tuple[type[Pass], ...] = (
     # The cast plan (which dtype each value is stored in), then the casts that realise it.
     PlanCasts,
     InsertCasts,
-    # Last: it replaces weight casts that insert_casts made with stored low copies.
+    # It replaces weight casts that insert_casts made with stored low copies.
     StoreParams,
+    # Last: the finished graph against fp32 and autocast on the example inputs.
+    VerifyOutput,
 )
 
 
-def pipeline(policy: Policy) -> list[Pass]:
-    """The passes of a transform, in the order they run, bound to ``policy``."""
+def pipeline(policy: Policy, model: nn.Module | None = None,
+             example_inputs: object = None) -> list[Pass]:
+    """The passes of a transform, in the order they run, bound to ``policy``; ``model`` and
+    ``example_inputs`` are what the last step verifies the graph against (none: no check)."""
     passes = [cls(policy) for cls in PASSES]
     for p in passes:
         if isinstance(p, TransformBodies):
             p.run_inner = _run_inner
+        elif isinstance(p, VerifyOutput):
+            p.model, p.example_inputs = model, example_inputs
     return passes
 
 
@@ -115,6 +122,13 @@ def run_pipeline(gm: fx.GraphModule, passes: Sequence[Pass],
     for p in passes:
         start = time.perf_counter()
         before = _meta_keys(gm) if debug else None
+        if stale and getattr(p, "needs_code", False):  # it runs the graph: recompile first
+            start = time.perf_counter()
+            gm.graph.lint()
+            gm.recompile()
+            stale = False
+            if timings is not None:
+                timings["recompile"] = time.perf_counter() - start
         try:
             detail(p.name)
             with M.running_pass(p.name):

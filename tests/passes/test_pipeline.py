@@ -37,7 +37,7 @@ def test_every_pass_declares_itself_and_the_order_holds():
                                 "insert_casts", "store_params"}
     # Every stage is a named step of the one list: region bodies first, the cast plan before
     # the casts that realise it.
-    assert names[0] == "transform_bodies"
+    assert names[0] == "transform_bodies" and names[-1] == "verify"
     assert names.index("plan_casts") + 1 == names.index("insert_casts")
 
 

@@ -32,7 +32,7 @@ from torch.utils import _pytree as pytree
 from . import meta as M
 from . import runtime
 from .errors import CaptureError, ModelError, PolicyError
-from .graphmodule import DynamoGraphModule, add_input_check
+from .graphmodule import REGISTERED_OUTPUTS, DynamoGraphModule, add_input_check
 from .modules import buffer_clone_copy, get_attr, has_attr, rebuild, share_copy, tensor_names
 from .ops import family_of
 from .report import POLICY_KEY, REPORT_KEY
@@ -490,6 +490,7 @@ def _register_output_dataclasses(out: object) -> bool:
     walk(out)
     for cls in found:
         pytree.register_dataclass(cls)
+        REGISTERED_OUTPUTS[cls] = 0  # released with the last graph returning it
     return bool(found)
 
 

@@ -28,7 +28,8 @@ from .errors import CaptureError, ModeSwitchError, ShapeError
 from .modules import hooked
 from .shapes import InputCheck, InputGuard, flat_inputs, positional_leaves
 
-__all__ = ["INPUT_CHECK", "DynamoGraphModule", "Retransform", "add_input_check"]
+__all__ = ["INPUT_CHECK", "REGISTERED_OUTPUTS", "DynamoGraphModule", "Retransform",
+           "add_input_check"]
 
 # (model, policy, example_inputs) -> a transformed graph for those inputs (api.transform_with).
 Retransform = Callable[[object, object, object], fx.GraphModule]
@@ -56,6 +57,12 @@ class DynamoGraphModule(fx.GraphModule):
     def __init__(self, *args, **kwargs):
         _dynamo_hooks()  # made by a capture, a deepcopy or an unpickling alike
         super().__init__(*args, **kwargs)
+        _hold_registrations(self)
+
+    def __deepcopy__(self, memo):
+        copy = super().__deepcopy__(memo)  # fx builds it with GraphModule.__init__
+        _hold_registrations(copy)
+        return copy
 
     def __call__(self, *args, **kwargs):
         # Plain eager code (no dynamo frame callback; a builtin, so calling it starts no frame
@@ -288,3 +295,36 @@ def add_input_check(gm: DynamoGraphModule) -> None:
 
 
 INPUT_CHECK = "amp_input_check"
+
+
+# Output dataclasses amprewrite registered with pytree -> how many live graphs return them. The
+# registration is scoped to those graphs: it goes when the last one does (each graph holds its
+# own in DynamoGraphModule.__init__, so copies do too).
+REGISTERED_OUTPUTS: dict[type, int] = {}
+
+
+def _hold_registrations(gm: fx.GraphModule) -> None:
+    """Keep the pytree registrations ``gm``'s outputs need while ``gm`` lives."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    spec = getattr(info, "out_spec", None)
+    types: set[type] = set()
+    todo = [spec] if spec is not None else []
+    while todo:
+        node = todo.pop()
+        types.add(node.type)
+        todo += [node.child(i) for i in range(node.num_children)]
+    held = tuple(t for t in types if t in REGISTERED_OUTPUTS)
+    for t in held:
+        REGISTERED_OUTPUTS[t] += 1
+    if held:
+        weakref.finalize(gm, _release_registrations, held)
+
+
+def _release_registrations(types: tuple[type, ...]) -> None:
+    deregister = getattr(pytree, "_deregister_pytree_node", None)
+    for t in types:
+        REGISTERED_OUTPUTS[t] -= 1
+        if REGISTERED_OUTPUTS[t] <= 0:
+            del REGISTERED_OUTPUTS[t]
+            if deregister is not None:
+                deregister(t)

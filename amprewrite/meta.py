@@ -31,6 +31,16 @@ MADE_BY         copy_provenance (the running pass)     reports (nodes a rewrite 
 
 ``PASS_WRITTEN`` lists the keys a pass decides; a re-transform drops them (:func:`reset`) and
 keeps what capture wrote.
+
+Graph-level keys, in ``gm.meta``:
+
+==============  =====================================  ==========================================
+key             written by                             read by
+==============  =====================================  ==========================================
+REPORT_KEY      transform (a Report), transform_bodies  every pass that records, reports, views
+                (a body's own)
+POLICY_KEY      transform (the Policy)                 re-transforms, reports
+==============  =====================================  ==========================================
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ NATURAL = "amp_natural"  # Label or None: the precision the value is computed in
 LABEL = "amp_label"  # Label or None: the dtype the value physically has after casts
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
+REPORT_KEY = "amprewrite_report"  # gm.meta: the transform's Report
+POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transformed with
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
 # ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
 # data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").

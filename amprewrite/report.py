@@ -8,11 +8,10 @@ import torch
 from torch import fx
 
 from . import meta as M
+from .meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
 
-__all__ = ["Decision", "Report", "Rewrite", "record", "report", "text_table"]
-
-REPORT_KEY = "amprewrite_report"
-POLICY_KEY = "amprewrite_policy"  # the Policy a GraphModule was transformed with
+__all__ = ["POLICY_KEY", "REPORT_KEY", "Decision", "Report", "Rewrite", "record", "report",
+           "text_table"]
 
 
 @dataclass(frozen=True)

@@ -75,3 +75,50 @@ def test_an_export_leaves_no_backend_in_dynamos_table():
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(4, 16),),
                              verify=False)
     assert dict(ef.cached_backends) == before
+
+
+def test_output_dataclass_registration_lives_as_long_as_the_graphs_that_need_it():
+    """amprewrite registers a model's output dataclass with pytree (so dynamo can return it);
+    the registration is released with the last graph that returns it, not kept for the
+    process."""
+    import dataclasses
+
+    from torch.utils import _pytree as pytree
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        hidden: torch.Tensor
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return Out(h.softmax(-1), h)
+
+    model, x = Net().eval(), torch.randn(2, 8)
+    assert Out not in pytree.SUPPORTED_NODES
+    first = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    second = amprewrite.transform(model, torch.float16, example_inputs=(x,))
+    assert Out in pytree.SUPPORTED_NODES
+    with torch.no_grad():
+        assert isinstance(first(x), Out) and isinstance(second(x), Out)
+    del first
+    gc.collect()
+    assert Out in pytree.SUPPORTED_NODES  # the second graph still returns it
+    with torch.no_grad():
+        assert isinstance(second(x), Out)
+    import copy
+
+    twin = copy.deepcopy(second)  # a copy holds the registration too
+    del second
+    gc.collect()
+    assert Out in pytree.SUPPORTED_NODES
+    with torch.no_grad():
+        assert isinstance(twin(x), Out)
+    del twin
+    gc.collect()
+    assert Out not in pytree.SUPPORTED_NODES

@@ -701,7 +701,8 @@ _TABLE: list[Family] = [
                           "batch_norm_gather_stats_with_counts", "batch_norm_update_stats",
                           "batch_norm_backward_elemt", "batch_norm_backward_reduce"],
         modules=["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm",
-                 "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"], **_NORM),
+                 "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d"], **_NORM,
+        op_names=("aten::_native_batch_norm_legit_no_training",)),
     _op("instance_norm", H, ["instance_norm"],
         modules=["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"], **_NORM),
     _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"], **_NORM,
@@ -759,15 +760,18 @@ _TABLE: list[Family] = [
     _op("norm", H, ["norm", "native_norm", "norm_except_dim", "vector_norm", "matrix_norm",
                     "frobenius_norm", "nuclear_norm", "renorm", "dist", "cdist", "pdist",
                     "cosine_similarity", "pairwise_distance"],
-        modules=["CosineSimilarity", "PairwiseDistance"], out=Out.FLOAT),
+        modules=["CosineSimilarity", "PairwiseDistance"], out=Out.FLOAT,
+        op_names=("aten::_cdist_forward", "aten::_pdist_forward")),
     _op("linalg", H, _LINALG, out=Out.FLOAT,
         why="factorizations and solves amplify rounding; no low-precision kernels"),
     _op("linalg_tuple", H, _LINALG_TUPLES, out=Out.TUPLE,
         why="as linalg; results are tuples (with integer pivots, complex eigenvalues)"),
     # FP32: FFT and complex numbers (no bf16 FFT; fp16 FFT needs power-of-two sizes).
-    _op("fft", H, _FFT, out=Out.COMPLEX, why="no bf16 FFT kernels; fp16 needs powers of two"),
+    _op("fft", H, _FFT, out=Out.COMPLEX, why="no bf16 FFT kernels; fp16 needs powers of two",
+        op_names=("aten::_fft_r2c",)),
     _op("ifft_real", H, _IFFT_REAL, out=Out.REAL,
-        why="reads complex spectra, which keep the model's dtype; no bf16 FFT kernels"),
+        why="reads complex spectra, which keep the model's dtype; no bf16 FFT kernels",
+        op_names=("aten::_fft_c2r",)),
     _op("complex", H, ["view_as_complex", "polar", "complex", "view_as_complex_copy"],
         out=Out.COMPLEX, aliases={"view_as_complex": Alias.VIEW},
         why="complex results: no bf16 complex dtype, few complex32 kernels"),
@@ -816,7 +820,8 @@ _TABLE: list[Family] = [
         modules=["Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
                  "FeatureAlphaDropout"], random=True),
     # fold sums overlapping patches: not a pure copy.
-    _op("fold", P, ["fold"], modules=["Fold"]),
+    _op("fold", P, ["fold"], modules=["Fold"],
+        op_names=("aten::col2im",)),
     _op("avg_pool", P, ["avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
                         "adaptive_avg_pool2d", "adaptive_avg_pool3d", "lp_pool1d", "lp_pool2d",
                         "lp_pool3d"],
@@ -882,7 +887,8 @@ _TABLE: list[Family] = [
         numeric=False, classify=_accumulates,
         aliases=dict.fromkeys(["select", "narrow", "diagonal"], Alias.VIEW),
         # What is written or read is a number; the index and mask arguments are not.
-        values=("self", "input", "src", "source", "value", "values")),
+        values=("self", "input", "src", "source", "value", "values"),
+        op_names=("aten::index",)),
     _op("getitem", N, [], functions=[operator.getitem], methods=["__getitem__"], numeric=False,
         out=Out.ITEM, probe=False),
     # Writes made explicit by the functionalize pass: copies of values, exact in any dtype.
@@ -900,7 +906,8 @@ _TABLE: list[Family] = [
     _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False,
         values=("src", "value"),
         writes=dict.fromkeys(["fill_", "zero_", "copy_", "fill_diagonal_", "index_fill_",
-                              "map_", "apply_"], Write.CLONE)),
+                              "map_", "apply_"], Write.CLONE),
+        op_names=("aten::copy",)),
     # Autograd and storage bookkeeping: the value passes through unchanged.
     _op("autograd", N, ["requires_grad_", "retain_grad", "register_hook",
                         "register_post_accumulate_grad_hook", "backward", "record_stream",
@@ -938,7 +945,8 @@ _TABLE: list[Family] = [
                  **dict.fromkeys(["atleast_1d", "atleast_2d", "atleast_3d"], Alias.MULTI)},
         writes=dict.fromkeys(["t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
                               "swapdims_", "swapaxes_", "resize_", "resize_as_", "set_",
-                              "detach_"], Write.METADATA)),
+                              "detach_"], Write.METADATA),
+        op_names=("aten::alias", "aten::slice", "aten::resize_")),
     _op("split", N, ["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
                      "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "hsplit",
                      "vsplit", "dsplit", "meshgrid", "split_copy", "split_with_sizes_copy",
@@ -961,7 +969,8 @@ _TABLE: list[Family] = [
     # converted to floats starts a position cone, whatever the spelling.
     _op("convert", N, ["to", "type", "float", "double", "half", "bfloat16", "cpu", "cuda",
                        "xpu", "ipu", "mtia"],
-        classify=_convert, out=Out.CONVERT, probe=False, values=("self",)),
+        classify=_convert, out=Out.CONVERT, probe=False, values=("self",),
+        op_names=("aten::_to_copy",)),
     _op("convert_nonfloat", X, ["long", "int", "short", "bool", "byte", "char", "cfloat",
                                 "cdouble", "chalf"],
         out=Out.CONVERT, probe=False, values=("self",)),
@@ -1001,12 +1010,14 @@ _TABLE: list[Family] = [
                         "__format__", "__repr__", "__get__", "__dlpack_device__",
                         "ops.aten.sym_size.int",
                         "ops.aten.sym_numel.default", "ops.aten.sym_stride.int"],
-        out=Out.NONTENSOR, metadata=True, probe=False),
+        out=Out.NONTENSOR, metadata=True, probe=False,
+        op_names=("aten::sym_storage_offset", "aten::sym_is_contiguous")),
     _op("value", X, ["item", "tolist", "equal", "allclose", "__bool__", "__int__",
                      "__float__", "__index__", "__long__", "__nonzero__", "__complex__",
                      "numpy", "__array__", "__array_wrap__", "__dlpack__", "__reduce_ex__",
                      "__setstate__"],
-        out=Out.NONTENSOR, probe=False),
+        out=Out.NONTENSOR, probe=False,
+        op_names=("aten::_local_scalar_dense",)),
     Family("attribute", N, (builtins.getattr,), out=Out.ATTR, probe=False),
 ]
 # Losses no test can show worse in low precision on CPU (tests/test_precision_classes.py).
@@ -1122,8 +1133,34 @@ def family_for_function(fn: object) -> Family | None:
         fam = _BY_OP_NAME.get(qualified)
         space, _, base = qualified.partition("::")
         if fam is None and space == "aten":
-            fam = _BY_FUNCTION.get(getattr(torch, base, None)) or family_for_method(base)
+            fam = _aten_family(base)
     return fam
+
+
+def _aten_family(base: str) -> Family | None:
+    """An ATen op's family by its base name: ``torch.X``, ``F.X``, ``torch._C._nn.X``,
+    ``torch.special/linalg/fft.X`` (``linalg_inv`` is ``torch.linalg.inv``), ``Tensor.X``; a
+    leading underscore (``_softmax``, ``_adaptive_avg_pool2d``) names the public op."""
+    for name in (base, base.lstrip("_")) if base.startswith("_") else (base,):
+        for prefix, space in (("special_", torch.special), ("linalg_", torch.linalg),
+                              ("fft_", torch.fft)):
+            if name.startswith(prefix):
+                fam = _BY_FUNCTION.get(getattr(space, name[len(prefix):], None))
+                if fam is not None:
+                    return fam
+        for space in _NAMESPACES:
+            fn = getattr(space, name, None)
+            if fn is not None:
+                try:
+                    fam = _BY_FUNCTION.get(fn)
+                except TypeError:
+                    fam = None
+                if fam is not None:
+                    return fam
+        fam = family_for_method(name)
+        if fam is not None:
+            return fam
+    return None
 
 
 def family_for_method(name: str) -> Family | None:

@@ -453,3 +453,36 @@ def test_c_nn_upsample_is_classified_by_its_mode_not_by_argument_positions(dtype
     assert bilinear and all(d.precision != "neutral" for d in bilinear)
     assert "exact in any dtype" not in bilinear[0].reason
     assert nearest and all(d.precision == "neutral" for d in nearest)
+
+
+def test_every_core_aten_op_has_a_family():
+    """ATen-level graphs (torch.export, aot_autograd) are classified by the same registry: every
+    overload tagged ``torch.Tag.core`` maps to a family (by its base name through torch, F,
+    torch._C._nn, torch.special/linalg/fft and Tensor, or by a family's ``op_names``), except
+    backward kernels, which only joint graphs hold (amprewrite does not transform those; an
+    unknown op runs fp32)."""
+    core = set()
+    for qualified in torch._C._dispatch_get_all_op_names():  # every registered op, loaded or not
+        if not qualified.startswith("aten::"):
+            continue
+        name, _, overload = qualified[len("aten::"):].partition(".")
+        op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
+        if op is not None and torch.Tag.core in op.tags:
+            core.add(op)
+    assert len(core) > 150
+    missing = sorted({op.name() for op in core if ops.family_for_function(op) is None
+                      and not op.name().split(".")[0].endswith("_backward")})
+    assert missing == []
+    # A few that used to be unknown, and what they are now.
+    aten = torch.ops.aten
+    expect = {aten.linear.default: "linear", aten._softmax.default: "softmax",
+              aten.gelu.default: "activation", aten._to_copy.default: "convert",
+              aten.upsample_bilinear2d.vec: "interpolate", aten.linalg_vector_norm.default: "norm",
+              aten.scaled_dot_product_attention.default: None, aten.mse_loss.default: None,
+              aten.slice.Tensor: "shape", aten.index.Tensor: "index"}
+    for op, family in expect.items():
+        got = ops.family_for_function(op)
+        if family is None:
+            assert got is not None, op  # in some family
+        else:
+            assert got is not None and got.name == family, (op, got)

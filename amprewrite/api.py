@@ -162,6 +162,13 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _check_model(model: object) -> None:
+    if type(model).__name__ == "ExportedProgram":
+        raise ModelError(
+            "amprewrite.transform got a torch.export ExportedProgram; it transforms modules. "
+            "Pass ep.module() (an ATen-level GraphModule, with example_inputs), then export the "
+            "returned graph again: torch.export.export(gm, args, dynamic_shapes=...) gives the "
+            "mixed-precision ExportedProgram (docs/guide.md, \"Deploying\")."
+        )
     if not isinstance(model, nn.Module):
         raise ModelError(
             f"amprewrite.transform expects a torch.nn.Module, got {type(model).__name__}. Wrap a "

@@ -471,3 +471,16 @@ def test_symbolic_trace_failure_names_the_assignment_not_control_flow():
     msg = str(err.value)
     assert "assigns into a tensor" in msg and "control flow or loops" not in msg
     assert "example_inputs=" in msg and len(msg.splitlines()) == 1
+
+
+def test_an_exported_program_gets_the_advice_that_works():
+    """transform(ep) said to wrap a function in a module; it says to pass ep.module(), and
+    that works."""
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.Softmax(-1)).eval(), torch.randn(2, 8)
+    ep = torch.export.export(model, (x,))
+    with pytest.raises(ModelError, match=r"Pass ep\.module\(\)") as err:
+        amprewrite.transform(ep, torch.bfloat16)
+    assert "Wrap a plain function" not in str(err.value)
+    gm = amprewrite.transform(ep.module(), torch.bfloat16, example_inputs=(x,))
+    with torch.no_grad():
+        assert rel_err(gm(x), model(x)) < 2e-2

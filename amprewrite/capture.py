@@ -298,7 +298,7 @@ def _private_top_frame() -> Iterator[None]:
 def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None):
     with (warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit(),
           _private_top_frame(), _no_backend_choice(dynamic_shapes),
-          _keep_dim_marks((args, kwargs)), _forget_backends()):
+          _keep_dim_marks((args, kwargs)), _release_export_state()):
         warnings.simplefilter("ignore")
         # A structural copy: assignments in forward (``self.count = self.count + 1``) land on
         # the copy, never on the caller's modules (dynamo would leave FakeTensors there).
@@ -310,7 +310,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
 
 
 @contextlib.contextmanager
-def _forget_backends() -> Iterator[None]:
+def _release_export_state() -> Iterator[None]:
     """Drop what an export leaves in process-wide tables. dynamo's backend table
     (``eval_frame.cached_backends``) gets the export's capturing compiler, a closure holding
     the export's graph, fake tensors and shape environment for the life of the process (3.5 MB

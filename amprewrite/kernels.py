@@ -144,10 +144,6 @@ class _Verdicts:
         return sum(len(t) for d in (*self._weak.values(), *self._strong.values())
                    for t in d.values())
 
-    def clear(self) -> None:
-        self._weak.clear()
-        self._strong.clear()
-
 
 _CACHE = _Verdicts()
 

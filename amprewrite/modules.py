@@ -27,7 +27,6 @@ __all__ = ["buffer_clone_copy", "get_attr", "has_attr", "hooked", "install_tenso
            "set_attr", "share_copy", "tensor_names"]
 
 _MISSING = object()  # no default given: a missing part raises
-_ABSENT = object()
 
 
 def get_attr(root: object, qualname: str, default: object = _MISSING) -> object:
@@ -46,7 +45,11 @@ def get_attr(root: object, qualname: str, default: object = _MISSING) -> object:
 
 def has_attr(root: object, qualname: str) -> bool:
     """Whether ``root`` has ``qualname`` (a dotted path)."""
-    return get_attr(root, qualname, _ABSENT) is not _ABSENT
+    try:
+        get_attr(root, qualname)
+    except AttributeError:
+        return False
+    return True
 
 
 def set_attr(root: nn.Module, qualname: str, value: object, persistent: bool = True) -> None:

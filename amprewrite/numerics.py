@@ -20,7 +20,6 @@ from .progress import status
 from .verify import (
     CheckResult,
     NodeError,
-    _DropoutMasksInFp32,  # noqa: F401  (tests import it from here)
     compare,
     float_leaves,
     rel_err,

@@ -103,6 +103,16 @@ def _loss(out: object) -> torch.Tensor:
     return zoo.first_tensor(out).float().pow(2).mean()
 
 
+def _train_step(model, m, ctx, inputs):
+    """One training step of ``m`` (the model, autocast or amprewrite's graph) under ``ctx``."""
+    def step():
+        _clear_grads(model)
+        with ctx():
+            out = zoo.call(m, inputs)
+        _loss(out).backward()
+    return step
+
+
 def _clear_grads(*modules) -> None:
     for m in modules:
         for p in m.parameters():
@@ -285,14 +295,7 @@ def run_model(name: str, dtypes: list[str], device: str, repeats: int, compiled:
         for variant in ("autocast", "amprewrite"):
             if variant not in variants:
                 continue
-            m, ctx = variants[variant]
-
-            def step(m=m, ctx=ctx):
-                _clear_grads(model)
-                with ctx():
-                    out = zoo.call(m, inputs)
-                _loss(out).backward()
-
+            step = _train_step(model, *variants[variant], inputs)
             try:
                 step()
                 steps[variant] = step
@@ -302,14 +305,9 @@ def run_model(name: str, dtypes: list[str], device: str, repeats: int, compiled:
             row[f"step_{variant}_ms"], row[f"step_{variant}_iqr_ms"] = ms, iqr
         if device == "cuda":
             for variant, (m, ctx) in variants.items():
-                def one(m=m, ctx=ctx):
-                    _clear_grads(model)
-                    with ctx():
-                        out = zoo.call(m, inputs)
-                    _loss(out).backward()
-
                 try:
-                    row[f"peak_{variant}_mb"] = peak_bytes(one, device) / MB
+                    row[f"peak_{variant}_mb"] = peak_bytes(_train_step(model, m, ctx, inputs),
+                                                           device) / MB
                 except Exception as exc:
                     row[f"peak_{variant}_mb"] = _error(exc)
         _clear_grads(model)

@@ -19,7 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import amprewrite
 from amprewrite import NotVerifiedWarning, VerificationError
-from amprewrite.numerics import _DropoutMasksInFp32, check_numerics, verify_bound, verify_graph
+from amprewrite.numerics import check_numerics, verify_bound, verify_graph
+from amprewrite.verify import _DropoutMasksInFp32
 
 from .helpers import corrupt_a_linear, unchanged
 

@@ -372,12 +372,7 @@ def test_mutation_pattern_matches_fp32(pattern, capture, dtype):
         assert torch.allclose(a, b, rtol=2 * UNIT[dtype], atol=2 * UNIT[dtype])
     # No write is left for a later pass to read around: only the copy back into an input, or a
     # write into a private clone that nothing else reads.
-    for node in gm.graph.nodes:
-        if writes_in_place(node):
-            base = node.args[0]
-            private = base.target == "clone" and list(base.users) == [node]
-            copy_back = node.target == "copy_" and base.op == "placeholder"
-            assert private or copy_back, node.format_node()
+    _assert_only_private_or_copy_back_writes(gm)
 
 
 @pytest.mark.parametrize("pattern", [ExpInplace, PowInplace, ClampLogInplace])
@@ -533,10 +528,16 @@ def test_pass_alone_is_exact_and_the_same_for_both_dtypes(pattern):
             ref_in, out_in = _clone(inputs), _clone(inputs)
             assert torch.equal(gm(*out_in), model(*ref_in))
         assert all(torch.equal(a, b) for a, b in zip(out_in, ref_in))
-        for node in gm.graph.nodes:
-            if writes_in_place(node):
-                base = node.args[0]
-                private = base.target == "clone" and list(base.users) == [node]
-                copy_back = node.target == "copy_" and base.op == "placeholder"
-                assert private or copy_back, node.format_node()
+        _assert_only_private_or_copy_back_writes(gm)
     assert graphs[0] == graphs[1]
+
+
+def _assert_only_private_or_copy_back_writes(gm) -> None:
+    """No write is left for a later pass to read around: only the copy back into an input, or
+    a write into a private clone that nothing else reads."""
+    for node in gm.graph.nodes:
+        if writes_in_place(node):
+            base = node.args[0]
+            private = base.target == "clone" and list(base.users) == [node]
+            copy_back = node.target == "copy_" and base.op == "placeholder"
+            assert private or copy_back, node.format_node()

@@ -128,7 +128,8 @@ def families_markdown() -> str:
 
 
 _MIXED_NOTE = {Mixed.LOW_IO: "reads low, writes low (fp32 weights, computes in fp32)",
-               Mixed.DTYPE_ARG: "reads low with dtype=float32"}
+               Mixed.DTYPE_ARG: "reads low with dtype=float32",
+               Mixed.FP32_HELPER: "else a runtime helper: reads and saves low, computes in fp32"}
 
 
 def _spelled(fn: object) -> str:

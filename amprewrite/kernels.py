@@ -166,7 +166,8 @@ def _cached(owner: object, key: tuple, template: _Template,
 
 
 def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: torch.device,
-                  module: torch.nn.Module | None = None) -> str | None:
+                  module: torch.nn.Module | None = None, fn: Callable | None = None
+                  ) -> str | None:
     """Why ``node``'s kernel cannot take ``signature`` (:class:`amprewrite.ops.Mixed`) with its
     data input (first argument) in ``dtype`` on ``device``; None when a probe confirmed it.
 
@@ -177,7 +178,8 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     ``dtype``, at most one unit in the last place apart; ``DTYPE_ARG``: within 1e-5), and the
     data input's gradient is within the dtype's rounding of the fp32 one. The data input has a
     large mean, so a kernel that accumulates in ``dtype`` fails. A module is called on a copy
-    (its running statistics stay as they are).
+    (its running statistics stay as they are). ``fn``: probe this function with the node's
+    arguments instead of its target (``Mixed.FP32_HELPER``: the family's runtime helper).
 
     >>> import torch
     >>> from torch import fx
@@ -201,6 +203,8 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
 
         def fn(*args, **kwargs):
             return copy.deepcopy(module)(*args, **kwargs)
+    elif fn is not None:
+        what = fn
     elif node.op in ("call_function", "call_method"):
         # The target itself, not id(target): a freed function's id is reused by another one,
         # which would get its verdict.
@@ -226,7 +230,7 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
     if template.problem is not None:
         return f"{NOT_CONFIRMED}: {template.problem}"
     name = f"{signature.value} signature"
-    want = dtype if signature is Mixed.LOW_IO else torch.float32
+    want = dtype if signature.stores_input_dtype else torch.float32
     call = fn
     if signature is Mixed.DTYPE_ARG:
         def call(*args, **kwargs):
@@ -271,7 +275,7 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                 # Measured on CPU: with fp32 weights the norms are bit-equal to the island or
                 # within 0.05 eps; a norm without fp32 weights computes in the low dtype
                 # (batch_norm without affine or running stats: 0.3-1.5 eps at these inputs).
-                problem = _differs(out, ref, eps / 8 if signature is Mixed.LOW_IO else 1e-5,
+                problem = _differs(out, ref, eps / 8 if signature.stores_input_dtype else 1e-5,
                                    f"{name}: the kernel on {device}")
                 # Every gradient against the island's: the data input's, rounded to its dtype
                 # as the island's cast rounds it, within eps / 4 norm-wise or at most one unit

@@ -54,6 +54,7 @@ __all__ = [
     "family_for_method",
     "family_for_module",
     "family_of",
+    "fp32_helper_of",
     "inplace_counterpart",
     "op_name",
     "op_qualname",
@@ -112,6 +113,15 @@ class Mixed(enum.Enum):
     LOW_IO = "low_io"
     # Takes ``dtype=torch.float32``: reads a low input, writes fp32 (softmax, sum, mean).
     DTYPE_ARG = "dtype_arg"
+    # Where the kernel refuses LOW_IO: the family's ``fp32_helper`` (amprewrite/runtime.py), which
+    # runs the fp32 kernels forward and backward on an exact fp32 copy it makes when needed, and
+    # returns and saves the low input's dtype (bit-equal to the fp32 island, half its bytes).
+    FP32_HELPER = "fp32_helper"
+
+    @property
+    def stores_input_dtype(self) -> bool:
+        """Reads and writes its data input's dtype (LOW_IO, FP32_HELPER), not fp32."""
+        return self is not Mixed.DTYPE_ARG
 
 
 class Alias(enum.Enum):
@@ -180,6 +190,9 @@ class Family:
     # kernel probe confirms one. None / (): a low input is copied to fp32 first (an island).
     accumulate: torch.dtype | None = None
     mixed: tuple[Mixed, ...] = ()
+    # For ``Mixed.FP32_HELPER``: the runtime function that replaces a call of the family's
+    # functional form (same arguments; see :func:`fp32_helper_of`).
+    fp32_helper: Callable | None = field(default=None, compare=False)
     # Aliasing, per op name as :func:`op_name` spells it (attributes by their name: "T"): which
     # results share storage with an argument (:class:`Alias`).
     aliases: Mapping[str, Alias] = field(default_factory=dict, compare=False)
@@ -673,6 +686,10 @@ _IFFT_REAL = ["fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", 
 # bit-equal to the fp32 copy's). The probe still confirms them per device before use: CUDA
 # layer_norm and group_norm refuse a low input with fp32 weights (benchmarks/kernel_probe.py).
 _NORM = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO,)}
+# Group and layer norm: on CPU layer_norm's backward sums the weight gradients in the low dtype
+# and fp16 group_norm's is off at some shapes; on CUDA both refuse a low input with fp32 weights.
+# Where the probe refuses LOW_IO, the runtime helper gives the same bytes.
+_NORM_HELPER = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO, Mixed.FP32_HELPER)}
 _DTYPE_ARG = {"accumulate": torch.float32, "mixed": (Mixed.DTYPE_ARG,)}
 
 _TABLE: list[Family] = [
@@ -705,10 +722,14 @@ _TABLE: list[Family] = [
         op_names=("aten::_native_batch_norm_legit_no_training",)),
     _op("instance_norm", H, ["instance_norm"],
         modules=["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"], **_NORM),
-    _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"], **_NORM,
+    _op("group_norm", H, ["group_norm", "native_group_norm"], modules=["GroupNorm"],
+        functions=[runtime.group_norm_fp32], fp32_helper=runtime.group_norm_fp32,
+        **_NORM_HELPER,
         lower={nn.GroupNorm: lambda m, x, attr: (F.group_norm, (
             x, m.num_groups, attr("weight"), attr("bias"), m.eps), {})}),
-    _op("layer_norm", H, ["layer_norm", "native_layer_norm"], modules=["LayerNorm"], **_NORM,
+    _op("layer_norm", H, ["layer_norm", "native_layer_norm"], modules=["LayerNorm"],
+        functions=[runtime.layer_norm_fp32], fp32_helper=runtime.layer_norm_fp32,
+        **_NORM_HELPER,
         lower={nn.LayerNorm: lambda m, x, attr: (F.layer_norm, (
             x, m.normalized_shape, attr("weight"), attr("bias"), m.eps), {})}),
     _op("rms_norm", H, ["rms_norm"], modules=["RMSNorm"],
@@ -1223,6 +1244,25 @@ def op_name(node: fx.Node) -> str:
     """The bare name of a node's op: ``add`` for ``operator.add``, ``torch.add`` or ``x.add``."""
     t = node.target
     return t if isinstance(t, str) else getattr(t, "__name__", "")
+
+
+def fp32_helper_of(node: fx.Node) -> Callable | None:
+    """The runtime function (``Family.fp32_helper``) that can replace ``node`` as it is: a call of
+    the family's functional form (``F.group_norm``, ``torch.group_norm``, ``aten.group_norm``),
+    whose arguments the helper takes unchanged. None for other spellings (``native_group_norm``
+    returns statistics too) and families without one.
+
+    >>> from torch import fx
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> fp32_helper_of(g.call_function(F.group_norm, (x, 2))).__name__
+    'group_norm_fp32'
+    >>> fp32_helper_of(g.call_function(torch.native_group_norm, (x, None, None, 1, 4, 9, 2, 0.1)))
+    """
+    fam = FAMILIES.get(node.meta.get(M.FAMILY) or "") or family_of(node)
+    if fam is None or fam.fp32_helper is None or node.op != "call_function":
+        return None
+    name = op_qualname(node.target) or op_name(node)
+    return fam.fp32_helper if name.split("::")[-1] == fam.name else None
 
 
 def op_qualname(target: object) -> str | None:

@@ -82,7 +82,8 @@ def _reads_as_data(consumer: fx.Node, value: fx.Node) -> bool:
 def _free_io(node: fx.Node) -> bool:
     """A LOW_IO node on a low value: it may store its output low or fp32 (the plan's choice);
     on an fp32 value it is fixed fp32 (rounding its input would change its arithmetic)."""
-    return node.meta.get(M.MIXED) is Mixed.LOW_IO and node.meta.get(M.NATURAL) == LOW
+    mixed = node.meta.get(M.MIXED)
+    return mixed is not None and mixed.stores_input_dtype and node.meta.get(M.NATURAL) == LOW
 
 
 def _fixed(node: fx.Node) -> str | None:

@@ -24,8 +24,8 @@ from fractions import Fraction
 import torch
 
 __all__ = ["ViewStep", "autograd_function_apply", "batch_gather", "batch_index", "cast_if_float",
-           "memory_format_of", "nearest_scale", "replay_view", "setitem", "vmap_call",
-           "write_view"]
+           "group_norm_fp32", "layer_norm_fp32", "memory_format_of", "nearest_scale",
+           "replay_view", "setitem", "vmap_call", "write_view"]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
@@ -136,6 +136,91 @@ def autograd_function_apply(fwd: torch.nn.Module, bwd: torch.nn.Module, *args,
     """
     return _GraphFunction.apply(fwd, bwd, tuple(non_differentiable_idx),
                                 tuple(saved_for_backward_idx), tuple(dirty_idx), *args)
+
+
+# --- norms that compute in fp32 and store low ----------------------------------------------
+
+
+class _Fp32Norm(torch.autograd.Function):
+    """A norm on a low input computed exactly as an fp32 island would (the input upcast, the
+    fp32 kernel forward and backward), saving the low input for backward instead of its fp32
+    copy: upcasting is exact, so backward rebuilds the copy bit for bit."""
+
+    @staticmethod
+    def forward(ctx, kind, x, arg, weight, bias, eps):
+        xf = x.float()
+        if kind == "group":
+            n, c = x.shape[0], x.shape[1]
+            hw = x.numel() // max(n * c, 1)
+            out, mean, rstd = torch.ops.aten.native_group_norm(xf, weight, bias, n, c, hw, arg,
+                                                               eps)
+            ctx.sizes = (n, c, hw, arg)
+        else:
+            out, mean, rstd = torch.ops.aten.native_layer_norm(xf, arg, weight, bias, eps)
+            ctx.sizes = tuple(arg)
+        ctx.kind = kind
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[1], weight is not None and ctx.needs_input_grad[3],
+                bias is not None and ctx.needs_input_grad[4]]
+        if ctx.kind == "group":
+            dx, dw, db = torch.ops.aten.native_group_norm_backward(
+                grad.float(), x.float(), mean, rstd, weight, *ctx.sizes, mask)
+        else:
+            dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+                grad.float(), x.float(), ctx.sizes, mean, rstd, weight, bias, mask)
+        return None, None if dx is None else dx.to(x.dtype), None, dw, db, None
+
+
+def _fp32_norm(kind: str, input: torch.Tensor, arg, weight, bias, eps: float) -> torch.Tensor:
+    if input.dtype == torch.float32 or input.dtype == torch.float64:
+        fn = torch.nn.functional.group_norm if kind == "group" else torch.nn.functional.layer_norm
+        return fn(input, arg, weight, bias, eps)
+    if kind == "layer":
+        arg = tuple(int(d) for d in arg)
+    return _Fp32Norm.apply(kind, input, arg, weight, bias, eps)
+
+
+@torch.fx.wrap
+def group_norm_fp32(input: torch.Tensor, num_groups: int, weight: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None, eps: float = 1e-5,
+                    cudnn_enabled: bool = True) -> torch.Tensor:
+    """``F.group_norm`` that computes in fp32 and returns (and saves) the input's dtype. It takes
+    the arguments of ``F.group_norm``, ``torch.group_norm`` and ``aten.group_norm`` as they are
+    (``cudnn_enabled`` is not read).
+
+    For a kernel that refuses a low input with fp32 weights, or sums the weights' gradients in
+    the low dtype: the forward and backward are the fp32 kernels on an exact fp32 copy of the
+    input, made when needed and not kept. Bit-equal to an fp32 island
+    (``F.group_norm(x.float(), ...).to(x.dtype)``), forward and backward.
+
+    >>> x = torch.randn(2, 4, 3, 3).to(torch.bfloat16)
+    >>> w, b = torch.rand(4), torch.rand(4)
+    >>> y = group_norm_fp32(x, 2, w, b)
+    >>> y.dtype, torch.equal(y, torch.nn.functional.group_norm(x.float(), 2, w, b).bfloat16())
+    (torch.bfloat16, True)
+    """
+    return _fp32_norm("group", input, num_groups, weight, bias, eps)
+
+
+@torch.fx.wrap
+def layer_norm_fp32(input: torch.Tensor, normalized_shape: Sequence[int],
+                    weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                    eps: float = 1e-5, cudnn_enable: bool = True) -> torch.Tensor:
+    """``F.layer_norm`` that computes in fp32 and returns (and saves) the input's dtype; see
+    :func:`group_norm_fp32` (``torch.layer_norm``'s ``cudnn_enable`` is not read).
+
+    >>> x = torch.randn(2, 3, 8).to(torch.float16)
+    >>> w, b = torch.rand(8), torch.rand(8)
+    >>> y = layer_norm_fp32(x, (8,), w, b)
+    >>> y.dtype, torch.equal(y, torch.nn.functional.layer_norm(x.float(), (8,), w, b).half())
+    (torch.float16, True)
+    """
+    return _fp32_norm("layer", input, normalized_shape, weight, bias, eps)
 
 
 # --- casts ------------------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 DESIGN.md, "Compute dtype is not storage dtype": a norm given a low input with its fp32 weights
 and statistics computes in fp32 and writes the input's dtype (``Mixed.LOW_IO``); softmax, sum,
-mean and cumsum take ``dtype=torch.float32`` (``Mixed.DTYPE_ARG``). The kernel probe confirms a
-signature per device before the plan uses it; a "no" falls back to the fp32 island (an fp32
-copy of the input). These tests check the structure (no cast between a conv and its BatchNorm,
-none around a LayerNorm or GroupNorm between two low ops), the fallback, the numerics against
-float64 (the same as the island's), the probe's verdicts, and the bytes autograd keeps.
+mean and cumsum take ``dtype=torch.float32`` (``Mixed.DTYPE_ARG``). Where the kernel refuses
+(CPU layer_norm), group and layer norm run ``runtime.*_norm_fp32`` (``Mixed.FP32_HELPER``): the
+fp32 kernels on a copy that is not kept. The kernel probe confirms a signature per device
+before the plan uses it; a "no" falls back to the fp32 island (an fp32 copy of the input).
+These tests check the structure (no cast between a conv and its BatchNorm, none around a
+LayerNorm or GroupNorm between two low ops), the fallback, the numerics against float64 (the
+same as the island's), the probe's verdicts, and the bytes autograd keeps.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import fx, nn
 
 import amprewrite
 from amprewrite import meta as M
+from amprewrite import runtime
 from amprewrite.kernels import mixed_problem
 from amprewrite.numerics import rel_err
 from amprewrite.ops import FAMILIES, Mixed, Precision
@@ -31,7 +34,7 @@ LOW_DTYPES = [torch.bfloat16, torch.float16]
 # compute exactly as an fp32 copy would, forward and backward ...
 CPU_CONFIRMED = {"batch_norm", "group_norm", "softmax", "log_softmax", "sum", "mean"}
 # ... and this one does not: layer_norm's backward sums its weight and bias gradients in the low
-# dtype (bias gradient error 0.87 against 0 for the island, bf16, 1024 rows): an fp32 island.
+# dtype (bias gradient error 0.87 against 0 for the island, bf16, 1024 rows): the runtime helper.
 CPU_REFUSED = {"layer_norm": "backward"}
 NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 CPU = torch.device("cpu")
@@ -82,6 +85,16 @@ def _no_mixed(monkeypatch):
                         lambda *a, **k: "mixed signature refused (test)")
 
 
+def _no_low_io(monkeypatch):
+    """A probe that refuses the kernels' own mixed signatures but not the runtime helpers."""
+    real = paint_precision.mixed_problem
+
+    def probe(node, sig, *a, **k):
+        return "low_io refused (test)" if sig is not Mixed.FP32_HELPER else real(node, sig, *a,
+                                                                                  **k)
+    monkeypatch.setattr(paint_precision, "mixed_problem", probe)
+
+
 # --- structure --------------------------------------------------------------------------------
 
 
@@ -122,20 +135,30 @@ def test_norm_between_two_low_ops_costs_no_cast(norm, dtype, monkeypatch):
     x = torch.randn(2, 16, 5) if norm == "group" else torch.randn(2, 5, 16)
     gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
     (n,) = by_family(gm, f"{norm}_norm")
-    if f"{norm}_norm" in CPU_REFUSED:  # the probe's "no" on CPU, with its reason
-        assert M.MIXED not in n.meta and CPU_REFUSED[f"{norm}_norm"] in n.meta[M.REASON]
-        assert n.args[0].meta.get(M.CAST) == torch.float32
-        # Where the probe says yes (a device whose kernel computes its gradients in fp32),
-        # the same graph has no cast around the norm: shown with a probe that says yes.
-        monkeypatch.setattr(paint_precision, "mixed_problem", lambda *a, **k: None)
-        gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+    helper = getattr(runtime, f"{norm}_norm_fp32")
+    if f"{norm}_norm" in CPU_REFUSED:  # the kernel's "no" on CPU, with its reason: the helper
+        assert n.meta[M.MIXED] is Mixed.FP32_HELPER and n.target is helper
+        assert CPU_REFUSED[f"{norm}_norm"] in n.meta[M.REASON]
+    else:
+        assert n.meta[M.MIXED] is Mixed.LOW_IO and n.target is not helper
+    # Where the probe says yes to the kernel itself (a device whose kernel computes its
+    # gradients in fp32), the kernel reads the low input; where it says no, the helper does.
+    for fake, sig in ((lambda mp: mp.setattr(paint_precision, "mixed_problem",
+                                             lambda *a, **k: None), Mixed.LOW_IO),
+                      (_no_low_io, Mixed.FP32_HELPER), (None, n.meta[M.MIXED])):
+        with monkeypatch.context() as mp:
+            if fake is not None:
+                fake(mp)
+            gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
         (n,) = by_family(gm, f"{norm}_norm")
-    assert n.meta.get(M.MIXED) is Mixed.LOW_IO
-    assert M.CAST not in n.args[0].meta
-    assert all(M.CAST not in u.meta for u in n.users)
-    # Only the graph input, the four weights and biases down, and the output up.
-    assert len(casts(gm)) == 6, [c.format_node() for c in casts(gm)]
-    assert_classes_respected(gm, x, low=dtype)
+        assert n.meta.get(M.MIXED) is sig and (n.target is helper) == (sig is Mixed.FP32_HELPER)
+        assert M.CAST not in n.args[0].meta
+        assert all(M.CAST not in u.meta for u in n.users)
+        # Only the graph input, the four weights and biases down, and the output up.
+        assert len(casts(gm)) == 6, [c.format_node() for c in casts(gm)]
+        assert_classes_respected(gm, x, low=dtype)
+        d = {d.node: d for d in amprewrite.report(gm).decisions}[n.name]
+        assert (d.precision, d.dtype, d.storage) == ("fp32", "torch.float32", str(dtype))
 
 
 def test_a_norm_on_the_fp32_residual_stream_stays_an_fp32_op():
@@ -169,6 +192,13 @@ def test_a_probe_that_says_no_gives_the_fp32_island(monkeypatch, dtype):
     assert M.CAST in up.meta and up.meta[M.CAST] == torch.float32  # today's island
     assert "mixed signature refused (test)" in bn.meta[M.REASON]
     assert_classes_respected(gm, x, low=dtype)
+    for norm in ("layer", "group"):  # the helper too is used only where its probe said yes
+        model = LinearNormLinear(norm)
+        x = torch.randn(2, 16, 5) if norm == "group" else torch.randn(2, 5, 16)
+        gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+        (n,) = by_family(gm, f"{norm}_norm")
+        assert M.MIXED not in n.meta and n.target is not getattr(runtime, f"{norm}_norm_fp32")
+        assert n.args[0].meta.get(M.CAST) == torch.float32, n.args[0].format_node()
 
 
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
@@ -241,9 +271,7 @@ def test_mixed_numerics_equal_the_fp32_islands(monkeypatch, family, dtype, after
     ref = copy.deepcopy(model).double()(x.double())
     gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
     (n,) = by_family(gm, family)
-    if family in CPU_REFUSED:
-        assert M.MIXED not in n.meta and CPU_REFUSED[family] in n.meta[M.REASON], n.meta
-    elif Mixed.LOW_IO in FAMILIES[family].mixed and not after:
+    if Mixed.LOW_IO in FAMILIES[family].mixed and not after:
         # The model's output: storing it fp32 costs no more bytes, so the norm reads an fp32
         # copy and writes fp32, as before (no rounding of the output).
         assert M.MIXED not in n.meta and n.meta[M.LABEL] == M.HIGH, n.meta[M.REASON]
@@ -257,6 +285,10 @@ def test_mixed_numerics_equal_the_fp32_islands(monkeypatch, family, dtype, after
     assert M.MIXED not in n.meta
     err_island = rel_err(island(x), ref)
     assert err <= 1.01 * err_island + 1e-6, (err, err_island)
+    if family in CPU_REFUSED and after:  # the helper computes exactly what the island does
+        (n,) = by_family(gm, family)
+        assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+        assert torch.equal(gm(x), island(x))
 
 
 # --- the probe --------------------------------------------------------------------------------
@@ -308,13 +340,18 @@ def test_cpu_probe_verdicts(dtype):
         model = LowThen(OPS[family], True).eval()
         gm = amprewrite.transform(model, dtype=dtype, example_inputs=(torch.randn(4, 6, 32),))
         (n,) = by_family(gm, family)
-        assert (M.MIXED in n.meta) == (family in CPU_CONFIRMED), (family, n.meta[M.REASON])
+        want = (Mixed.DTYPE_ARG if Mixed.DTYPE_ARG in FAMILIES[family].mixed
+                else Mixed.LOW_IO if family in CPU_CONFIRMED else Mixed.FP32_HELPER)
+        assert n.meta.get(M.MIXED) is want, (family, n.meta[M.REASON])
 
 
 def test_registry_lists_the_signatures():
     with_low_io = {n for n, f in FAMILIES.items() if Mixed.LOW_IO in f.mixed}
     with_dtype = {n for n, f in FAMILIES.items() if Mixed.DTYPE_ARG in f.mixed}
+    with_helper = {n: f.fp32_helper for n, f in FAMILIES.items() if Mixed.FP32_HELPER in f.mixed}
     assert with_low_io == {"batch_norm", "instance_norm", "group_norm", "layer_norm"}
+    assert with_helper == {"group_norm": runtime.group_norm_fp32,
+                           "layer_norm": runtime.layer_norm_fp32}
     assert with_dtype == {"softmax", "log_softmax", "sum", "mean"}
     assert all(FAMILIES[n].accumulate == torch.float32 for n in with_low_io | with_dtype)
     assert all(FAMILIES[n].precision == Precision.FP32 for n in with_low_io | with_dtype)
@@ -353,3 +390,42 @@ def test_conv_bn_training_keeps_no_more_bytes_than_autocast(dtype):
     # Casts of weights to the low dtype are kept by both; the activations are all low.
     assert ours <= theirs, (ours, theirs, fp32)
     assert ours <= 0.6 * fp32, (ours, theirs, fp32)
+
+
+@pytest.mark.parametrize("norm", ["layer", "group"])
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
+def test_fp32_helper_trains_as_the_island_does_and_keeps_half_the_bytes(norm, dtype,
+                                                                         monkeypatch):
+    """``Mixed.FP32_HELPER`` in training: the forward, the input's gradient and every weight's
+    gradient are bit-equal to the fp32 island's; autograd keeps the low input, not an fp32 copy
+    (fewer bytes than the island, no more than autocast)."""
+    torch.manual_seed(0)
+    model = LinearNormLinear(norm).train()
+    x = torch.randn(8, 16, 64) if norm == "group" else torch.randn(8, 64, 16)
+    graphs = {}
+    for name, fake in (("helper", _no_low_io), ("island", _no_mixed)):
+        with monkeypatch.context() as mp:
+            fake(mp)
+            graphs[name] = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+    (n,) = by_family(graphs["helper"], f"{norm}_norm")
+    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    results = {}
+    for name, gm in graphs.items():
+        xi = x.clone().requires_grad_()
+        out = gm(xi)
+        out.pow(2).mean().backward()
+        results[name] = [out, xi.grad, *[p.grad.clone() for p in model.parameters()]]
+        model.zero_grad(set_to_none=True)
+    for got, want in zip(results["helper"], results["island"]):
+        assert torch.equal(got, want)
+
+    def autocast(x):
+        with torch.autocast("cpu", dtype=dtype):
+            return model(x)
+
+    helper, island = (_saved_bytes(graphs[k], model, x) for k in ("helper", "island"))
+    theirs = _saved_bytes(autocast, model, x)
+    # The island keeps an fp32 copy of the norm's input (4 bytes a value) where the helper
+    # keeps the low input (2 bytes), which the first Linear's output already is.
+    assert helper <= island - 2 * x.numel(), (helper, island)
+    assert helper <= theirs, (helper, theirs)

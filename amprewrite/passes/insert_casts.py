@@ -17,7 +17,7 @@ from torch import fx
 
 from .. import meta as M
 from ..meta import HIGH, LOW, info
-from ..ops import Mixed, Precision, conversion_target, is_conversion
+from ..ops import Mixed, Precision, conversion_target, fp32_helper_of, is_conversion
 from ..plan import float_inputs, requirement
 from ..report import record
 from ..runtime import cast_if_float
@@ -94,6 +94,16 @@ class InsertCasts(Pass):
                            "float32 (mixed signature confirmed by the kernel probe)")
                     changed = True
                 how = f"reads {low}, computes and writes float32"
+            elif mixed is Mixed.FP32_HELPER:
+                helper = fp32_helper_of(node)
+                if node.target is not helper:
+                    node.target = helper
+                    record(gm, node, f"call {helper.__name__}",
+                           f"computes in float32 and keeps the {low} input, not an fp32 copy, "
+                           "for backward (the kernel refused a low input)")
+                    changed = True
+                how = (f"reads {low}, computes in float32 ({helper.__name__}: the fp32 kernels "
+                       f"on an fp32 copy it does not keep), writes {low}")
             else:
                 out = "float32" if node.meta.get(M.LABEL) == HIGH else low
                 how = f"reads {low} with fp32 parameters, computes in float32, writes {out}"

@@ -34,6 +34,7 @@ from ..ops import (
     Precision,
     conversion_target,
     family_of,
+    fp32_helper_of,
     is_conversion,
     number_inputs,
     op_qualname,
@@ -305,9 +306,16 @@ class PaintPrecision(Pass):
                         node.meta[M.MIXED] = sig  # a transformed graph's): reads any input
                         break
                     continue  # converts to another dtype
-                problem = mixed_problem(node, sig, low, device, module)
+                helper = None
+                if sig is Mixed.FP32_HELPER:
+                    helper = fp32_helper_of(node)
+                    if helper is None:
+                        continue  # a spelling the helper does not take (native_group_norm)
+                problem = mixed_problem(node, sig, low, device, module, helper)
                 if problem is None:
                     node.meta[M.MIXED] = sig
+                    if problems:  # the helper, after the kernel refused: say why
+                        node.meta[M.REASON] = f"{why}; the kernel itself refused: {problems[0]}"
                     break
                 problems.append(problem)
             else:
@@ -337,7 +345,8 @@ class PaintPrecision(Pass):
             return LOW if value.float_dtype() == low else HIGH
         if cls == Precision.LOW:
             return LOW
-        if cls == Precision.FP32 and node.meta.get(M.MIXED) is Mixed.LOW_IO:
+        mixed = node.meta.get(M.MIXED)
+        if cls == Precision.FP32 and mixed is not None and mixed.stores_input_dtype:
             # Computed in fp32 from a low input, stored as its input: autocast's rule for the
             # value (a norm after a conv is low, one on the fp32 residual stream fp32).
             data = node.args[0]

@@ -56,6 +56,8 @@ __all__ = [
     "family_of",
     "fp32_helper_of",
     "inplace_counterpart",
+    "is_pointwise",
+    "kept_for_backward",
     "op_name",
     "op_qualname",
     "override_families",
@@ -919,6 +921,9 @@ _TABLE: list[Family] = [
     Family("write_view", N, (runtime.write_view,), numeric=False, probe=False, values=("value",)),
     # What other passes put into graphs (amprewrite/runtime.py): exact copies of values.
     Family("batch_index", N, (runtime.batch_index,), numeric=False),
+    # An fp32 region recomputed in backward (recompute_islands): it reads what it is given.
+    Family("recompute", H, (runtime.recompute,), probe=False, out=Out.TUPLE,
+           why="an fp32 region of pointwise ops recomputed in backward from its low inputs"),
     Family("batch_gather", N, (runtime.batch_gather,), numeric=False),
     Family("memory_format_of", X, (runtime.memory_format_of,), numeric=False, out=Out.NONTENSOR,
            metadata=True, probe=False),
@@ -1263,6 +1268,64 @@ def fp32_helper_of(node: fx.Node) -> Callable | None:
         return None
     name = op_qualname(node.target) or op_name(node)
     return fam.fp32_helper if name.split("::")[-1] == fam.name else None
+
+
+@functools.cache
+def _aten_pointwise(name: str) -> bool:
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return False
+    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+
+
+def is_pointwise(node: fx.Node) -> bool:
+    """Whether ``node`` computes each output element from the same element of its inputs
+    (``torch.Tag.pointwise`` on the ATen op of its name or its family's: ``torch.tanh``,
+    ``x.mul``, ``operator.add``, ``F.gelu``), drawing no random numbers.
+
+    >>> from torch import fx
+    >>> g = fx.Graph(); x = g.placeholder("x")
+    >>> is_pointwise(g.call_function(torch.tanh, (x,))), is_pointwise(g.call_method("sum", (x,)))
+    (True, False)
+    """
+    if node.op not in ("call_function", "call_method"):
+        return False
+    fam = family_of(node)
+    if fam is None or fam.random:
+        return False
+    name = op_qualname(node.target)
+    names = [name.split("::")[-1].split(".")[0]] if name else [op_name(node), fam.name]
+    return any(_aten_pointwise(n) for n in names if n)
+
+
+# Pointwise ops whose backward keeps no tensor: sums and differences (and negation) ...
+_KEEPS_NOTHING = frozenset({"add", "sub", "rsub", "neg", "positive"})
+# ... and products and quotients, when only one operand is a tensor (scaling by a number).
+_KEEPS_OPERANDS = frozenset({"mul", "div", "truediv", "true_divide", "multiply", "divide"})
+
+
+def kept_for_backward(node: fx.Node) -> int:
+    """How many tensors the size of its output autograd keeps for a pointwise ``node``'s
+    backward: 0 for a sum or difference and for scaling by a number, 2 for a product or
+    quotient of two tensors, 1 for the rest (``exp``/``tanh`` keep their output, ``pow``/``gelu``
+    their input). An estimate for the memory plan (``recompute_islands``).
+
+    >>> from torch import fx
+    >>> import operator
+    >>> g = fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
+    >>> [kept_for_backward(g.call_function(f, a)) for f, a in
+    ...  ((operator.add, (x, y)), (operator.mul, (x, 2.0)), (operator.mul, (x, y)),
+    ...   (torch.tanh, (x,)))]
+    [0, 0, 2, 1]
+    """
+    name = (op_qualname(node.target) or op_name(node)).split("::")[-1].split(".")[0]
+    name = name.strip("_").removeprefix("r") if name.startswith("__") else name
+    tensors = sum(1 for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node))
+    if name in _KEEPS_NOTHING:
+        return 0
+    if name in _KEEPS_OPERANDS:
+        return 0 if tensors < 2 else 2
+    return 1
 
 
 def op_qualname(target: object) -> str | None:

@@ -8,6 +8,7 @@ import torch
 from torch import fx
 
 from . import meta as M
+from . import runtime
 from .meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
 
 __all__ = ["POLICY_KEY", "REPORT_KEY", "Decision", "Report", "Rewrite", "record", "report",
@@ -137,10 +138,19 @@ def report(gm: fx.GraphModule) -> Report:
     return rep
 
 
+def _nodes_with_bodies(gm: fx.GraphModule):
+    """The graph's nodes, each ``runtime.recompute`` call followed by its body's ops."""
+    for node in gm.graph.nodes:
+        yield node
+        if node.op == "call_function" and node.target is runtime.recompute:
+            body = gm.get_submodule(str(node.args[0].target))
+            yield from (n for n in body.graph.nodes if n.op not in ("placeholder", "output"))
+
+
 def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
     """One :class:`Decision` per node of a transformed graph (``policy.dtype`` is the low dtype)."""
     out = []
-    for node in gm.graph.nodes:
+    for node in _nodes_with_bodies(gm):
         label = node.meta.get(M.LABEL)
         cls = node.meta.get(M.CLASS)
         precision = M.node_kind(node)

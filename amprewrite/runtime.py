@@ -25,7 +25,7 @@ import torch
 
 __all__ = ["ViewStep", "autograd_function_apply", "batch_gather", "batch_index", "cast_if_float",
            "group_norm_fp32", "layer_norm_fp32", "memory_format_of", "nearest_scale",
-           "replay_view", "setitem", "vmap_call", "write_view"]
+           "recompute", "replay_view", "setitem", "vmap_call", "write_view"]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
@@ -221,6 +221,24 @@ def layer_norm_fp32(input: torch.Tensor, normalized_shape: Sequence[int],
     (torch.float16, True)
     """
     return _fp32_norm("layer", input, normalized_shape, weight, bias, eps)
+
+
+def recompute(body: Callable, *args):
+    """``body(*args)``, its intermediate values recomputed in backward instead of kept
+    (``torch.utils.checkpoint``, non-reentrant): an fp32 region that reads low values keeps
+    those for backward, not its fp32 intermediates. Without a gradient to take, a plain call.
+
+    >>> body = lambda x: (x.float().exp() * 2).to(x.dtype)
+    >>> x = torch.ones(3, dtype=torch.bfloat16, requires_grad=True)
+    >>> recompute(body, x).float().sum().backward(); x.grad.tolist()
+    [5.4375, 5.4375, 5.4375]
+    """
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                       for a in args):
+        # The region draws no random numbers (recompute_islands leaves those out).
+        return torch.utils.checkpoint.checkpoint(body, *args, use_reentrant=False,
+                                                 preserve_rng_state=False)
+    return body(*args)
 
 
 # --- casts ------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from .insert_casts import InsertCasts
 from .normalize import NormalizeModules
 from .paint_precision import PaintPrecision
 from .plan_casts import PlanCasts
+from .recompute_islands import RecomputeIslands
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 from .transform_bodies import TransformBodies
@@ -61,6 +62,9 @@ PASSES: tuple[type[Pass], ...] = (
     InsertCasts,
     # It replaces weight casts that insert_casts made with stored low copies.
     StoreParams,
+    # In train mode, after every cast is in place: fp32 pointwise regions that read low values
+    # are outlined and recomputed in backward (the same values, fewer bytes kept).
+    RecomputeIslands,
     # Last: the finished graph against fp32 and autocast on the example inputs.
     VerifyOutput,
 )

@@ -9,8 +9,10 @@ from torch import fx, nn
 
 import amprewrite
 from amprewrite import meta as M
+from amprewrite import runtime
 from amprewrite.numerics import rel_err  # noqa: F401  (re-exported for the tests)
 from amprewrite.ops import Precision
+from amprewrite.passes.recompute_islands import region_bodies
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -24,6 +26,12 @@ class DtypeRecorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         args, kwargs = self.fetch_args_kwargs_from_env(n)
+        if n.op == "call_function" and n.target is runtime.recompute:
+            # A recomputed region: record the dtypes of its body's nodes, not of the call.
+            inner = DtypeRecorder(args[0])
+            out = inner.run(*args[1:])
+            self.seen.update(inner.seen)
+            return out
         ins: list[torch.dtype] = []
         fx.node.map_aggregate((args, kwargs), lambda a: ins.append(a.dtype)
                               if isinstance(a, torch.Tensor) and a.is_floating_point() else None)
@@ -54,7 +62,7 @@ def assert_classes_respected(gm: fx.GraphModule, *inputs, low: torch.dtype) -> N
     inputs, or a low data input through a mixed signature (a norm with fp32 weights and
     statistics, ``dtype=torch.float32``) where the probe confirmed one."""
     seen = runtime_dtypes(gm, *inputs)
-    for node in gm.graph.nodes:
+    for node in all_nodes(gm):
         cls = node.meta.get(M.CLASS)
         if M.CAST in node.meta or node.name not in seen:
             continue
@@ -109,7 +117,7 @@ def assert_policy_intent(gm: fx.GraphModule, *inputs, low: torch.dtype,
     want_low = LOW_FAMILIES - set(keep_fp32)
     want_fp32 = (FP32_FAMILIES - set(allow_low)) | set(keep_fp32)
     ran: dict[str, set[str]] = {"low": set(), "fp32": set()}
-    for node in gm.graph.nodes:
+    for node in all_nodes(gm):
         family = node.meta.get(M.FAMILY)
         if family is None or M.CAST in node.meta or node.name not in seen:
             continue
@@ -129,12 +137,25 @@ def assert_policy_intent(gm: fx.GraphModule, *inputs, low: torch.dtype,
     return ran
 
 
+def all_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The graph's nodes and, in place of each ``runtime.recompute`` call, its body's (the
+    pass ``recompute_islands`` outlines fp32 regions of train-mode graphs)."""
+    bodies = region_bodies(gm)
+    out = []
+    for n in gm.graph.nodes:
+        if n in bodies:
+            out += [b for b in bodies[n].graph.nodes if b.op not in ("placeholder", "output")]
+        else:
+            out.append(n)
+    return out
+
+
 def casts(gm: fx.GraphModule) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if M.CAST in n.meta]
+    return [n for n in all_nodes(gm) if M.CAST in n.meta]
 
 
 def by_family(gm: fx.GraphModule, family: str) -> list[fx.Node]:
-    return [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == family]
+    return [n for n in all_nodes(gm) if n.meta.get(M.FAMILY) == family]
 
 
 def snapshot(model: nn.Module) -> dict[str, object]:

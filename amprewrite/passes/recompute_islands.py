@@ -48,8 +48,9 @@ def _bytes(node: fx.Node, low: torch.dtype) -> int:
     value = M.info(node)
     if value.kind != "tensor":
         return 0
-    size = torch.float32.itemsize if node.meta.get(M.LABEL) == HIGH else low.itemsize
-    return size * (value.numel or 1)
+    label = node.meta.get(M.LABEL)
+    dtype = torch.float32 if label == HIGH else low if label == LOW else value.dtype
+    return (dtype.itemsize if dtype is not None else low.itemsize) * (value.numel or 1)
 
 
 class RecomputeIslands(Pass):

@@ -9,6 +9,10 @@
   with both graphs and the overlays (``pip install 'amprewrite[explorer]'``).
 - ``amprewrite check TARGET [--inputs SPEC ...] [--rtol R] [--fix]``: fp32 vs transformed
   error, per-node errors, the first non-finite node; exit status 1 when it fails, 2 on bad usage.
+- ``amprewrite export TARGET [--inputs SPEC ...] [--to pt2|aoti|onnx] [--out PATH] [--static]
+  [--no-check]``: transform, write a torch.export program, an AOTInductor package or ONNX,
+  load it back and run it at two batch sizes against fp32, autocast and the GraphModule; exit
+  status 1 when it fails to load or run or departs from the GraphModule.
 - ``amprewrite families``: the op-family table.
 
 TARGET is ``path/to/file.py:factory`` or ``package.module:factory``; the factory returns a model
@@ -57,6 +61,9 @@ _KEYWORD_TO_FLAG = [
     (r"\bdtype=torch\.float16 \(or 'fp16'\)", "--dtype fp16"),
     (r"\bupsample='(\w+)'", r"--upsample \1"),
     (r"\brtol=", "--rtol "),
+    (r"\bcheck=False\b", "--no-check"),
+    (r"\bdynamic_batch=False\b", "--static"),
+    (r"\bto='(\w+)'", r"--to \1"),
 ]
 
 
@@ -460,6 +467,33 @@ def _check(args: argparse.Namespace) -> int:
     return 1
 
 
+# --- export ---------------------------------------------------------------------------------
+
+_EXTENSION = {"pt2": ".pt2", "aoti": ".aoti.pt2", "onnx": ".onnx"}
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .deploy import export, preflight
+
+    out = Path(args.out or args.target.rsplit(":", 1)[-1] + _EXTENSION[args.to])
+    preflight(args.to, args.dtype, not args.no_check, out)  # bf16 ONNX, packages: before work
+    with Steps(2, log=True) as steps:
+        steps.step(f"loading {args.target}")
+        target = _load(args, need_inputs=True)
+        was_training = target.model.training
+        target.model.eval()  # the model is ours, loaded for this command; export is inference
+        steps.step(f"exporting to {out}")
+        result = _attempt("exporting", lambda: export(
+            target.model, target.inputs, path=out, to=args.to, dtype=args.dtype,
+            dynamic_batch=not args.static, check=not args.no_check, upsample=args.upsample),
+            target)
+    if was_training:
+        print("note: the factory returned the model in train mode; it was exported in eval "
+              "mode, for inference")
+    print(cli_wording(result.summary()))
+    return 0 if result.passed or result.skipped is not None else 1
+
+
 # --- demo -----------------------------------------------------------------------------------
 
 def _demo(args: argparse.Namespace) -> int:
@@ -584,6 +618,26 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--out", help="keep the JSON files here (default: a temporary folder, "
                                        "removed when the server stops)")
     explore.set_defaults(run=_explore)
+    exp = sub.add_parser("export", help="write a .pt2, AOTInductor or ONNX artefact and check "
+                                        "it against fp32, autocast and the GraphModule")
+    _common(exp)
+    exp.add_argument("--to", choices=("pt2", "aoti", "onnx"), default="pt2",
+                     help="pt2: torch.export program (default); aoti: AOTInductor package; "
+                          "onnx: ONNX file (fp16; bf16 only with --no-check; needs pip install "
+                          "onnx onnxscript onnxruntime)")
+    exp.add_argument("--out", metavar="PATH",
+                     help="the file to write (default: FACTORY.pt2, FACTORY.aoti.pt2 or "
+                          "FACTORY.onnx in the current directory)")
+    shapes = exp.add_mutually_exclusive_group()
+    shapes.add_argument("--dynamic-batch", action="store_true",
+                        help="dimension 0 of every input dynamic where the model allows it "
+                             "(the default)")
+    shapes.add_argument("--static", action="store_true",
+                        help="every size fixed to the example inputs'")
+    exp.add_argument("--no-check", action="store_true",
+                     help="write the file without loading it back and running it (needed for "
+                          "a bf16 ONNX file: onnxruntime has no bf16 Conv/MatMul on the CPU)")
+    exp.set_defaults(run=_export)
     fams = sub.add_parser("families", help="print the op-family table (Markdown)")
     fams.set_defaults(run=_families)
     return parser

@@ -1,0 +1,523 @@
+"""Export a transformed model for deployment, then check the file it wrote.
+
+:func:`export` transforms a model, writes it as a ``torch.export`` program (``pt2``), an
+AOTInductor package (``aoti``) or an ONNX file (``onnx``), loads the file back the way a
+deployment would (``torch.export.load``, ``torch._inductor.aoti_load_package``, an
+``onnxruntime.InferenceSession``), runs it at the example batch and at another batch size, and
+compares its outputs with the fp32 model's, torch.autocast's and the GraphModule's. Behind
+``amprewrite export`` (docs/cli.md); the facts it relies on are in docs/guide.md, "Deploying".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from .api import transform
+from .capture import split_inputs
+from .errors import AmpRewriteError, PolicyError
+from .policy import parse_dtype
+from .progress import status
+from .report import text_table
+from .shapes import BATCH, capture_spec
+from .verify import VERIFY_ROUNDOFFS, float_leaves, rel_err, verify_bound
+
+__all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",
+           "DeployResult", "export", "preflight"]
+
+FORMATS = ("pt2", "aoti", "onnx")
+"""What :func:`export` writes: a ``torch.export`` program, an AOTInductor package, ONNX."""
+
+SAME_AS_GRAPH = 1e-6
+"""Relative difference up to which an artefact's output counts as the GraphModule's."""
+
+ONNX_INSTALL = "pip install onnx onnxscript onnxruntime"
+
+_DESCRIBE = {"pt2": "torch.export program", "aoti": "AOTInductor package", "onnx": "ONNX file"}
+_LOADER = {"pt2": "torch.export.load(path).module()",
+           "aoti": "torch._inductor.aoti_load_package(path)",
+           "onnx": "onnxruntime.InferenceSession (CPU provider)"}
+# The weights go to a separate .data file past this size: one protobuf holds at most 2 GiB.
+_ONNX_INLINE_BYTES = 1 << 30
+
+
+class DeployError(AmpRewriteError, RuntimeError):
+    """Exporting the transformed graph failed, or a package the format needs is missing."""
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    """The artefact run on one set of inputs, against the fp32 model, autocast and ``gm``."""
+
+    batch: int | None  # dimension 0 of the batched inputs; None when no input has one
+    error: float  # the artefact's relative error against the fp32 model
+    autocast_error: float  # torch.autocast's on the same inputs (inf where autocast fails)
+    graph_error: float  # the artefact's relative difference from the GraphModule's output
+
+    @property
+    def equal(self) -> bool:
+        """Whether the artefact's output is the GraphModule's within :data:`SAME_AS_GRAPH`."""
+        return self.graph_error <= SAME_AS_GRAPH
+
+
+@dataclass
+class DeployResult:
+    """What :func:`export` wrote and what the check of it found."""
+
+    to: str
+    dtype: torch.dtype
+    files: list[Path]  # the artefact first (an ONNX file's external weights after it)
+    gm: fx.GraphModule  # the transformed graph that was exported
+    batch_range: tuple[int, float] | None  # the batch sizes the artefact takes; None: static
+    rows: list[CheckRow] = field(default_factory=list)
+    rule: str = ""  # what every row must meet, in words
+    problems: list[str] = field(default_factory=list)  # why the check failed
+    skipped: str | None = None  # why the artefact was not loaded and run (check=False)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.files[0]
+
+    @property
+    def passed(self) -> bool:
+        """The artefact was loaded and run, and every row meets :attr:`rule`."""
+        return self.skipped is None and not self.problems
+
+    def summary(self) -> str:
+        """What was written, the table of errors and the verdict, as ``amprewrite export``
+        prints them."""
+        dtype = str(self.dtype).replace("torch.", "")
+        if self.batch_range is None:
+            shapes = "every size static"
+        else:
+            lo, hi = self.batch_range
+            shapes = f"batch dynamic in [{lo}, {'inf' if math.isinf(hi) else int(hi)}]"
+        lines = [f"wrote {', '.join(map(str, self.files))} ({_DESCRIBE[self.to]}, {dtype}, "
+                 f"{shapes})"]
+        lines += [f"note: {note}" for note in self.notes]
+        if self.skipped is not None:
+            return "\n".join([*lines, f"not checked: {self.skipped}"])
+        if self.rows:
+            lines.append(f"loaded with {_LOADER[self.to]} and run; relative errors:")
+            table = [["batch", "vs fp32", "autocast vs fp32", "vs GraphModule",
+                      f"equal (<= {SAME_AS_GRAPH:g})"]]
+            table += [["-" if r.batch is None else str(r.batch), f"{r.error:.3e}",
+                       f"{r.autocast_error:.3e}", f"{r.graph_error:.3e}",
+                       "yes" if r.equal else "no"] for r in self.rows]
+            lines += ["  " + line for line in text_table(table).splitlines()]
+        if self.passed:
+            lines.append(f"check passed: {self.rule}")
+        else:
+            lines += [f"check failed: {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+def preflight(to: str, dtype: torch.dtype | str, check: bool = True,
+              path: str | os.PathLike | None = None) -> torch.dtype:
+    """Refuse, before any work, what :func:`export` cannot do; return the dtype.
+
+    >>> preflight("onnx", "bf16")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    amprewrite.errors.PolicyError: onnxruntime's CPU provider has no bfloat16 kernels ...
+    """
+    if to not in FORMATS:
+        raise PolicyError(f"to={to!r} is not a format export writes: use one of "
+                          f"{', '.join(FORMATS)}.")
+    dtype = parse_dtype(dtype)
+    if to == "aoti" and path is not None and Path(path).suffix != ".pt2":
+        raise PolicyError(f"an AOTInductor package must be a .pt2 file, got path='{path}': "
+                          f"name it {Path(path).with_suffix('.pt2').name}.")
+    if to == "onnx":
+        if dtype == torch.bfloat16 and check:
+            raise PolicyError(
+                "onnxruntime's CPU provider has no bfloat16 kernels for Conv, Gemm or MatMul: "
+                "it refuses a bf16 ONNX file (\"Type 'tensor(bfloat16)' of input parameter "
+                "... of operator (Conv) ... is invalid\", \"Could not find an implementation "
+                "for Gemm(13)\", the same for MatMul(13)), so the file could be neither "
+                "checked here nor run on a CPU. "
+                "Export in float16 instead: pass dtype=torch.float16 (or 'fp16'), which "
+                "onnxruntime runs on the CPU; or pass check=False to write the bf16 file "
+                "unchecked, for a runtime that has bfloat16 kernels.")
+        _require_onnx(check)
+    return dtype
+
+
+def _require_onnx(runtime: bool) -> None:
+    needed = ["onnx", "onnxscript"] + (["onnxruntime"] if runtime else [])
+    missing = [name for name in needed if not _importable(name)]
+    if missing:
+        why = ("torch.onnx's exporter needs onnx and onnxscript, and the check runs the file in "
+               "onnxruntime")
+        raise DeployError(
+            f"ONNX export needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
+            f" not installed ({why}). Install them with `{ONNX_INSTALL}`"
+            + (", or pass check=False to write the file without running it."
+               if missing == ["onnxruntime"] else "."))
+
+
+def _importable(name: str) -> bool:
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
+           to: str = "pt2", dtype: torch.dtype | str = torch.bfloat16,
+           dynamic_batch: bool = True, check: bool = True, **options: object) -> DeployResult:
+    """Transform ``model``, write it to ``path`` as ``to`` and check the file.
+
+    Args:
+        model: the fp32 model, in eval mode (export is for inference; train mode would draw
+            dropout masks and update batch-norm statistics). It is never modified.
+        example_inputs: a tuple of positional inputs or a dict of keyword inputs.
+        path: the file to write. AOTInductor packages must end in ``.pt2``.
+        to: ``"pt2"`` (``torch.export.save``), ``"aoti"``
+            (``torch._inductor.aoti_compile_and_package``) or ``"onnx"``
+            (``torch.onnx.export(..., dynamo=True)``; needs ``pip install onnx onnxscript
+            onnxruntime``; float16 unless ``check=False``, see :func:`preflight`).
+        dtype: ``"bf16"`` or ``"fp16"``, as for :func:`amprewrite.transform`.
+        dynamic_batch: dimension 0 of every input dynamic where the model allows it
+            (``transform(dynamic_shapes="batch")`` and ``Dim.AUTO`` at export); ``False``
+            fixes every size to the example's.
+        check: load the file back, run it at the example batch and at another batch size, and
+            compare (see :class:`DeployResult`); ``False`` only writes it.
+        options: more keywords for :func:`amprewrite.transform` (``keep_fp32``,
+            ``upsample``, ...).
+
+    The check holds a ``pt2`` or ``aoti`` artefact to the GraphModule's outputs within
+    :data:`SAME_AS_GRAPH` relative: it is the same program on PyTorch's kernels, or
+    Inductor's code for it. onnxruntime runs kernels of its own, whose float16 Conv and MatMul
+    round differently, so an ONNX file is held to the bound ``transform``'s own check
+    accepts: its error against fp32 at most 4x autocast's plus 16 unit roundoffs.
+
+    Example:
+        >>> import tempfile, torch, amprewrite.deploy
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1)).eval()
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     result = amprewrite.deploy.export(model, (torch.randn(4, 8),),
+        ...                                       path=f"{out}/model.pt2", dtype="bf16")
+        ...     program = torch.export.load(f"{out}/model.pt2").module()
+        ...     y = program(torch.randn(5, 8))
+        >>> result.passed, [(row.batch, row.equal) for row in result.rows]
+        (True, [(4, True), (7, True)])
+        >>> y.dtype, result.batch_range
+        (torch.float32, (2, inf))
+    """
+    dtype = preflight(to, dtype, check, path)
+    path = Path(path)
+    if not isinstance(model, nn.Module):
+        raise PolicyError(f"export takes an nn.Module, got {type(model).__name__}.")
+    if model.training:
+        raise PolicyError(
+            "the model is in train mode: export writes a program for inference, and in train "
+            "mode dropout draws masks and batch norm updates its statistics, so the artefact "
+            "could not be compared with anything. Call model.eval() first.")
+    args, kwargs = split_inputs(example_inputs)
+    status(f"transforming to {str(dtype).replace('torch.', '')}", log=True)
+    gm = transform(model, dtype, example_inputs=example_inputs,
+                   dynamic_shapes=BATCH if dynamic_batch else None, **options)
+    spec = capture_spec(gm, args, kwargs, BATCH)[0] if dynamic_batch else None
+    status("exporting with torch.export", log=True)
+    try:
+        ep = torch.export.export(gm, args, kwargs, dynamic_shapes=spec)
+    except Exception as exc:
+        raise DeployError(
+            f"torch.export.export failed on the transformed graph: {type(exc).__name__}: "
+            f"{_first_line(exc)}. The GraphModule itself runs; please report the model, and "
+            "try dynamic_batch=False meanwhile.") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _quiet():
+        files = _WRITERS[to](ep, args, kwargs, path)
+    result = DeployResult(to, dtype, files, gm, _batch_range(ep))
+    if not check:
+        result.skipped = "the file was not loaded back or run (check=False)"
+        return result
+    result.rule = (
+        f"onnxruntime's error against fp32 is within transform's own bound at every batch "
+        f"size (4x autocast's + {VERIFY_ROUNDOFFS} unit roundoffs of "
+        f"{str(dtype).replace('torch.', '')})" if to == "onnx" else
+        f"the artefact's outputs equal the GraphModule's within {SAME_AS_GRAPH:g} relative at "
+        "every batch size")
+    _check(result, model, ep, args, kwargs, path)
+    return result
+
+
+# --- writing ------------------------------------------------------------------------------
+
+def _write_pt2(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
+    torch.export.save(ep, path)
+    return [path]
+
+
+def _write_aoti(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
+    status("compiling with AOTInductor (half a minute or more on a small CPU)", log=True)
+    try:
+        # emulate_precision_casts: Inductor otherwise computes a fused chain of low-precision
+        # elementwise ops in fp32 without the roundings between them, and the package departs
+        # from the GraphModule by about one roundoff (zoo LLaMA, bf16: 3.1e-3); with it, 0.
+        torch._inductor.aoti_compile_and_package(
+            ep, package_path=os.fspath(path),
+            inductor_configs={"emulate_precision_casts": True})
+    except Exception as exc:
+        raise DeployError(
+            f"AOTInductor failed to compile the exported program: {type(exc).__name__}: "
+            f"{_first_line(exc)}. The torch.export program itself may still work: try "
+            "to='pt2'.") from None
+    return [path]
+
+
+def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
+    status("writing ONNX with torch.onnx.export(dynamo=True)", log=True)
+    size = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
+    try:
+        # optimize=False: onnxscript's optimizer (0.7) folds a batch norm kept in fp32 into the
+        # fp16 Conv before it and writes fp32 weights for that Conv, which onnxruntime refuses
+        # ("bound to different types"). Its constant folding skips weights above 8192 elements
+        # anyway, and onnxruntime folds the weight casts when it loads the file.
+        torch.onnx.export(ep, args, os.fspath(path), kwargs=kwargs, dynamo=True,
+                          optimize=False, verbose=False, external_data=size > _ONNX_INLINE_BYTES)
+    except Exception as exc:
+        raise DeployError(
+            f"torch.onnx.export failed on the exported program: {type(exc).__name__}: "
+            f"{_first_line(exc)}. to='pt2' writes the torch.export program, which needs no "
+            "translation.") from None
+    data = path.with_name(path.name + ".data")
+    return [path, data] if size > _ONNX_INLINE_BYTES and data.exists() else [path]
+
+
+_WRITERS: dict[str, Callable[..., list[Path]]] = {
+    "pt2": _write_pt2, "aoti": _write_aoti, "onnx": _write_onnx}
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence torch.onnx's warnings (it lists the torchvision ops it skips) and FutureWarnings
+    (torch's pytree warns about its own deprecations when a program is pickled): noise about
+    torch's internals, nothing a user of the artefact can act on."""
+    log = logging.getLogger("torch.onnx")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
+# --- loading back ---------------------------------------------------------------------------
+
+def _load_pt2(path: Path) -> Callable[..., object]:
+    return torch.export.load(path).module()
+
+
+def _load_aoti(path: Path) -> Callable[..., object]:
+    return torch._inductor.aoti_load_package(os.fspath(path))
+
+
+def _load_onnx(path: Path) -> Callable[..., object]:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: it warns about each fold it cannot make
+    session = onnxruntime.InferenceSession(os.fspath(path), options,
+                                           providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*args: object, **kwargs: object) -> list[torch.Tensor]:
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if len(tensors) != len(names):
+            raise RuntimeError(f"the ONNX graph takes {len(names)} inputs ({', '.join(names)}) "
+                               f"and the example has {len(tensors)} tensors")
+        feeds = {n: t.detach().cpu().numpy() for n, t in zip(names, tensors)}
+        return [torch.from_numpy(a) for a in session.run(None, feeds)]
+
+    return run
+
+
+_LOADERS: dict[str, Callable[[Path], Callable[..., object]]] = {
+    "pt2": _load_pt2, "aoti": _load_aoti, "onnx": _load_onnx}
+
+
+# --- the check ------------------------------------------------------------------------------
+
+def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict,
+           path: Path) -> None:
+    status("loading the artefact back", log=True)
+    try:
+        with _quiet():
+            artefact = _LOADERS[result.to](path)
+    except Exception as exc:
+        result.problems.append(f"{path} fails to load with {_LOADER[result.to]}: "
+                               f"{type(exc).__name__}: {_first_line(exc)}")
+        return
+    for batch, a, k in _runs(result, ep, args, kwargs):
+        status(f"running the artefact at batch {batch}")
+        try:
+            with torch.no_grad():
+                outs = _tensors(artefact(*a, **k))
+        except Exception as exc:
+            result.problems.append(f"the artefact fails to run at batch {batch}: "
+                                   f"{type(exc).__name__}: {_first_line(exc)}")
+            continue
+        with torch.no_grad():
+            graphs = _tensors(result.gm(*a, **k))
+            refs = float_leaves(model(*a, **k))
+            autos = _autocast(model, a, k, result.dtype)
+        problem = _compare(outs, graphs, batch)
+        if problem is not None:
+            result.problems.append(problem)
+            continue
+        outs = [o for o in outs if o.is_floating_point()]
+        graphs = [g for g in graphs if g.is_floating_point()]
+        if not graphs and not result.rows:
+            result.notes.append("the model returns no floating-point outputs: its integer "
+                                "outputs are compared for equality, there is no error to "
+                                "measure")
+        row = CheckRow(batch, _worst(outs, refs),
+                       math.inf if autos is None else _worst(autos, refs), _worst(outs, graphs))
+        result.rows.append(row)
+        if result.to == "onnx":
+            bound = verify_bound(row.autocast_error, result.dtype)
+            if not row.error <= bound:
+                result.problems.append(
+                    f"at batch {batch} onnxruntime's error against fp32 is {row.error:.3g}, "
+                    f"above the {bound:.3g} transform's check accepts (autocast's: "
+                    f"{row.autocast_error:.3g})")
+        elif not row.equal:
+            result.problems.append(
+                f"at batch {batch} the artefact departs from the GraphModule by "
+                f"{row.graph_error:.3g} relative (allowed: {SAME_AS_GRAPH:g}); please report "
+                "the model")
+
+
+def _runs(result: DeployResult, ep, args: tuple, kwargs: dict
+          ) -> list[tuple[int | None, tuple, dict]]:
+    """The example inputs, and (when the batch is dynamic) the same at another batch size."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    batched = _batched_leaves(ep, args, kwargs)
+    shaped = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim()]
+    first = leaves[batched[0]] if batched else (shaped[0] if shaped else None)
+    example = None if first is None else first.shape[0]
+    other = _other_batch(example, result.batch_range) if batched else None
+    if other is None:
+        if result.batch_range is not None:
+            result.notes.append(f"no batch size other than the example's {example} in the "
+                                f"range {result.batch_range} to run")
+        return [(example, args, kwargs)]
+    return [(example, args, kwargs), (other, *_resized(args, kwargs, batched, other))]
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    if hasattr(value, "to_tuple"):  # a transformers ModelOutput, as float_leaves reads it
+        value = value.to_tuple()
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _compare(outs: list[torch.Tensor], graphs: list[torch.Tensor], batch: int | None
+             ) -> str | None:
+    """Why the artefact's outputs cannot be the GraphModule's (shapes, dtypes, an integer
+    output that differs), or None."""
+    got = [(tuple(o.shape), o.dtype) for o in outs]
+    want = [(tuple(g.shape), g.dtype) for g in graphs]
+    if got != want:
+        return (f"at batch {batch} the artefact returns {_shapes(got)}, the GraphModule "
+                f"{_shapes(want)}")
+    for k, (o, g) in enumerate(zip(outs, graphs)):
+        if not o.is_floating_point() and not torch.equal(o.cpu(), g.cpu()):
+            return (f"at batch {batch} the artefact's integer output {k} differs from the "
+                    "GraphModule's")
+    return None
+
+
+def _shapes(items: list[tuple[tuple[int, ...], torch.dtype]]) -> str:
+    return ", ".join(f"{str(d).replace('torch.', '')}[{','.join(map(str, s))}]"
+                     for s, d in items) or "no tensors"
+
+
+def _worst(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
+    return max((rel_err(o.cpu(), r.cpu()) for o, r in zip(outs, refs)), default=0.0)
+
+
+def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
+              ) -> list[torch.Tensor] | None:
+    device = next((t.device.type for t in [*model.parameters(), *model.buffers()]), "cpu")
+    try:
+        with torch.autocast(device, dtype=dtype):
+            return float_leaves(model(*args, **kwargs))
+    except Exception:  # an op without a low-precision kernel: autocast has no error to show
+        return None
+
+
+def _batch_range(ep) -> tuple[int, float] | None:
+    """The batch sizes ``ep`` takes (every dynamic dimension 0 of its inputs), or None."""
+    ranges = [ep.range_constraints.get(s.node.expr) for s in _input_dim0s(ep)
+              if isinstance(s, torch.SymInt)]
+    ranges = [r for r in ranges if r is not None]
+    if not ranges:
+        return None
+    lo = max(int(r.lower) for r in ranges)
+    hi = min(float(r.upper) for r in ranges)  # int_oo, unbounded, reads as inf
+    return lo, hi
+
+
+def _input_dim0s(ep) -> list[object]:
+    """Dimension 0 of each tensor user input of ``ep``, in the order of its flat inputs."""
+    user = set(ep.graph_signature.user_inputs)
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in user]
+    return [v.shape[0] if isinstance(v, torch.Tensor) and v.dim() else None for v in vals]
+
+
+def _batched_leaves(ep, args: tuple, kwargs: dict) -> list[int]:
+    """Flat indices of the inputs whose dimension 0 is dynamic in ``ep``."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    tensors = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+    dims = _input_dim0s(ep)
+    if len(dims) == len(leaves):
+        pairs = list(enumerate(dims))
+    elif len(dims) == len(tensors):
+        pairs = list(zip(tensors, dims))
+    else:  # inputs the program dropped or added: nothing to resize safely
+        return []
+    return [i for i, d in pairs if isinstance(d, torch.SymInt)]
+
+
+def _other_batch(example: int | None, batch_range: tuple[int, float] | None) -> int | None:
+    """A batch size other than the example's inside the range the artefact takes."""
+    if example is None or batch_range is None:
+        return None
+    lo, hi = batch_range
+    # Sizes 0 and 1 are never dynamic in a capture (dynamo specialises them).
+    return next((n for n in (example + 3, example + 1, example - 1, max(lo, 2))
+                 if max(lo, 2) <= n <= hi and n != example), None)
+
+
+def _resized(args: tuple, kwargs: dict, batched: list[int], n: int) -> tuple[tuple, dict]:
+    """The inputs with ``n`` rows: rows of the example drawn at random (the same rows for every
+    batched input, so token ids stay in the vocabulary and an id row keeps its mask)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    example = leaves[batched[0]].shape[0]
+    rows = torch.randint(example, (n,), generator=torch.Generator().manual_seed(0))
+    for i in batched:
+        if leaves[i].shape[0] == example:
+            leaves[i] = leaves[i][rows.to(leaves[i].device)]
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,267 @@
+"""``amprewrite export`` and ``amprewrite.deploy.export``: the artefact a user ships (a
+torch.export program, an AOTInductor package, an ONNX file) is loaded back, runs at another batch
+size, and gives the GraphModule's outputs (pt2, aoti: within 1e-6 relative) or an error against
+fp32 like autocast's (ONNX in onnxruntime, float16)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import amprewrite
+from amprewrite import PolicyError, cli, deploy
+from amprewrite.numerics import rel_err
+from amprewrite.target import load_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MODELS = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """A conv, a batch norm amprewrite keeps in fp32, a linear head and a softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.conv(x))).mean((2, 3))
+        return torch.softmax(self.head(h), -1)
+
+
+def net():
+    torch.manual_seed(0)
+    model = Net()
+    with torch.no_grad():  # statistics of a trained model, not the identity of a fresh one
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    return model.eval(), (torch.randn(4, 3, 8, 8),)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+'''
+
+# An artefact's error against fp32 is held to autocast's on the same inputs: at most 1.1x it
+# (as in tests/test_dynamic_shapes.py) plus a quarter of the dtype's unit roundoff, for errors
+# near zero; and at least 0.1x it, since below that nothing ran in the low dtype.
+FACTOR, SLACK = 1.1, {torch.bfloat16: 2.0**-10, torch.float16: 2.0**-13}
+
+
+def like_autocast(error: float, autocast: float, dtype: torch.dtype) -> bool:
+    return 0.1 * autocast <= error <= FACTOR * autocast + SLACK[dtype]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("deploy") / "models.py"
+    path.write_text(MODELS)
+    return path
+
+
+def run(*args: object, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amprewrite.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def errors_of(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if not ln.startswith("amprewrite: [")]
+
+
+def autocast_error(model, x, ref, dtype):
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        return rel_err(model(x).float(), ref)
+
+
+def test_pt2_saves_loads_and_runs_at_another_batch_size(models, tmp_path):
+    out = tmp_path / "net.pt2"
+    done = run("export", f"{models}:net", "--to", "pt2", "--out", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "batch dynamic in [2, inf]" in done.stdout and "check passed" in done.stdout
+    assert "Traceback" not in done.stderr
+    # The file, in this process: the GraphModule transformed here from the same weights.
+    model, (x,) = load_target(f"{models}:net")
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    loaded = torch.export.load(out).module()
+    for n in (2, 9):
+        xb = torch.randn(n, 3, 8, 8)
+        with torch.no_grad():
+            got, want, ref = loaded(xb), gm(xb), model(xb)
+        assert got.shape == (n, 5) and got.dtype == torch.float32
+        assert rel_err(got, want) <= deploy.SAME_AS_GRAPH
+        auto = autocast_error(model, xb, ref, torch.bfloat16)
+        assert like_autocast(rel_err(got, ref), auto, torch.bfloat16), (rel_err(got, ref), auto)
+
+
+def test_the_table_shows_both_batch_sizes_and_both_errors(models, tmp_path, capsys):
+    code = cli.main(["export", f"{models}:net", "--out", str(tmp_path / "net.pt2")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("  ") and ln[2].isdigit()]
+    assert [r[0] for r in rows] == ["4", "7"]  # the example's batch and another
+    for _, error, autocast, graph, equal in rows:
+        assert float(graph) <= 1e-6 and equal == "yes"
+        assert like_autocast(float(error), float(autocast), torch.bfloat16), rows
+
+
+def test_static_export_takes_only_the_example_sizes(models, tmp_path):
+    model, inputs = load_target(f"{models}:net")
+    result = deploy.export(model, inputs, path=tmp_path / "net.pt2", dynamic_batch=False)
+    assert result.passed and result.batch_range is None
+    assert [row.batch for row in result.rows] == [4]
+    with pytest.raises(AssertionError, match=r"Guard failed: x\.size\(\)\[0\] == 4"):
+        torch.export.load(tmp_path / "net.pt2").module()(torch.randn(5, 3, 8, 8))
+
+
+def test_aoti_package_loads_and_matches_the_graph(tmp_path):
+    """The one AOTInductor compile in the default suite (a tiny MLP: about 30 s on 2 cores)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Softmax(-1)).eval()
+    x = torch.randn(4, 16)
+    result = deploy.export(model, (x,), path=tmp_path / "mlp.pt2", to="aoti")
+    assert result.passed, result.summary()
+    assert [(row.batch, row.equal) for row in result.rows] == [(4, True), (7, True)]
+    compiled = torch._inductor.aoti_load_package(str(tmp_path / "mlp.pt2"))
+    xb = torch.randn(5, 16)
+    with torch.no_grad():
+        assert rel_err(compiled(xb), result.gm(xb)) <= deploy.SAME_AS_GRAPH
+
+
+@pytest.mark.slow
+def test_aoti_package_of_llama_matches_the_graph(tmp_path):
+    """Inductor fuses LLaMA's bf16 elementwise chains (RMSNorm, SiLU * up): compiled without
+    emulate_precision_casts the package departed from the graph by 3.1e-3 relative."""
+    from amprewrite.testing import zoo
+
+    model, inputs = zoo.llama()
+    result = deploy.export(model.eval(), inputs, path=tmp_path / "llama.pt2", to="aoti")
+    assert result.passed, result.summary()
+    assert [row.equal for row in result.rows] == [True, True]
+
+
+def test_onnx_fp16_runs_in_onnxruntime(models, tmp_path):
+    for name in ("onnx", "onnxscript"):
+        pytest.importorskip(name)
+    ort = pytest.importorskip("onnxruntime")
+    out = tmp_path / "net.onnx"
+    done = run("export", f"{models}:net", "--to", "onnx", "--dtype", "fp16", "--out", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check passed" in done.stdout and "Traceback" not in done.stderr
+    # The file, in onnxruntime, at a batch size the command did not run. The batch norm is
+    # kept in fp32 after an fp16 conv: the case onnxscript's optimizer breaks (deploy.py).
+    model, _ = load_target(f"{models}:net")
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    xb = torch.randn(6, 3, 8, 8)
+    (got,) = session.run(None, {session.get_inputs()[0].name: xb.numpy()})
+    with torch.no_grad():
+        ref = model(xb)
+    got = torch.from_numpy(got)
+    assert got.shape == (6, 5) and got.dtype == torch.float32
+    # onnxruntime's fp16 kernels are not PyTorch's: held to autocast's error, not the graph's.
+    auto = autocast_error(model, xb, ref, torch.float16)
+    assert like_autocast(rel_err(got, ref), auto, torch.float16), (rel_err(got, ref), auto)
+
+
+def test_bf16_onnx_is_refused_up_front_with_the_reason_and_the_way_out(models, tmp_path):
+    out = tmp_path / "net.onnx"
+    done = run("export", f"{models}:net", "--to", "onnx", "--out", out)  # bf16 is the default
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = errors_of(done.stderr)
+    assert "onnxruntime's CPU provider has no bfloat16 kernels for Conv, Gemm or MatMul" in line
+    assert "--dtype fp16" in line and "--no-check" in line and "Traceback" not in done.stderr
+    assert "[1/2]" not in done.stderr and not out.exists()  # refused before loading the model
+
+
+def test_bf16_onnx_with_no_check_writes_a_bf16_file(models, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    out = tmp_path / "net.onnx"
+    done = run("export", f"{models}:net", "--to", "onnx", "--no-check", "--out", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not checked: the file was not loaded back or run (--no-check)" in done.stdout
+    casts = [a.i for n in onnx.load(out).graph.node if n.op_type == "Cast"
+             for a in n.attribute if a.name == "to"]
+    assert onnx.TensorProto.BFLOAT16 in casts
+
+
+def test_an_artefact_that_departs_from_the_graph_fails_the_check(models, tmp_path, capsys,
+                                                                monkeypatch):
+    def load_and_perturb(path):
+        program = torch.export.load(path).module()
+        return lambda *a, **k: program(*a, **k) * (1 + 1e-3)
+
+    monkeypatch.setitem(deploy._LOADERS, "pt2", load_and_perturb)
+    code = cli.main(["export", f"{models}:net", "--out", str(tmp_path / "net.pt2")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "check failed: at batch 4 the artefact departs from the GraphModule by 0.001" in out
+
+
+def test_an_artefact_that_fails_to_load_fails_the_check(models, tmp_path, capsys, monkeypatch):
+    def broken(path):
+        raise RuntimeError("truncated file")
+
+    monkeypatch.setitem(deploy._LOADERS, "pt2", broken)
+    code = cli.main(["export", f"{models}:net", "--out", str(tmp_path / "net.pt2")])
+    out = capsys.readouterr().out
+    assert code == 1 and "fails to load with torch.export.load(path).module(): RuntimeError: " \
+                          "truncated file" in out, out
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--to", "tflite"), "argument --to: invalid choice: 'tflite'"),
+    (("--static", "--dynamic-batch"), "argument --dynamic-batch: not allowed with argument"),
+])
+def test_bad_flags_are_one_line_and_exit_2(models, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["export", f"{models}:net", *args])
+    (line,) = errors_of(capsys.readouterr().err)
+    assert exit_.value.code == 2 and message in line and "Traceback" not in line
+
+
+def test_an_aoti_package_must_be_a_pt2_file(models, capsys):
+    assert cli.main(["export", f"{models}:net", "--to", "aoti", "--out", "model.so"]) == 2
+    err = capsys.readouterr().err
+    (line,) = errors_of(err)
+    assert "an AOTInductor package must be a .pt2 file" in line and "name it model.pt2" in line
+    assert "[1/2]" not in err  # refused before loading the model
+
+
+def test_a_factory_without_inputs_asks_for_them(models, capsys):
+    assert cli.main(["export", f"{models}:mlp"]) == 2
+    (line,) = errors_of(capsys.readouterr().err)
+    assert "gives no example inputs: pass --inputs" in line
+
+
+def test_missing_onnx_packages_name_the_pip_command(models, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime fails
+    code = cli.main(["export", f"{models}:net", "--to", "onnx", "--dtype", "fp16"])
+    (line,) = errors_of(capsys.readouterr().err)
+    assert code == 2 and "pip install onnx onnxscript onnxruntime" in line, line
+    assert "onnxruntime" in line.split("which")[0]
+
+
+def test_the_python_api_refuses_what_it_cannot_check(tmp_path):
+    model = torch.nn.Linear(4, 4)  # a fresh module is in train mode
+    with pytest.raises(PolicyError, match=r"train mode.*model\.eval\(\)"):
+        deploy.export(model, (torch.randn(2, 4),), path=tmp_path / "m.pt2")
+    with pytest.raises(PolicyError, match="to='tflite' is not a format"):
+        deploy.export(model.eval(), (torch.randn(2, 4),), path=tmp_path / "m.x", to="tflite")
+    with pytest.raises(PolicyError, match="no bfloat16 kernels"):
+        deploy.export(model.eval(), (torch.randn(2, 4),), path=tmp_path / "m.onnx", to="onnx")
+
+
+def test_the_cli_offers_every_format():
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    (to,) = [a for a in sub.choices["export"]._actions if a.dest == "to"]
+    assert tuple(to.choices) == deploy.FORMATS

@@ -176,10 +176,24 @@ class _Fp32Norm(torch.autograd.Function):
         return None, None if dx is None else dx.to(x.dtype), None, dw, db, None
 
 
+def _norm_island(kind: str, input: torch.Tensor, arg, weight, bias, eps: float) -> torch.Tensor:
+    fn = torch.nn.functional.group_norm if kind == "group" else torch.nn.functional.layer_norm
+    return fn(input.float(), arg, weight, bias, eps).to(input.dtype)
+
+
 def _fp32_norm(kind: str, input: torch.Tensor, arg, weight, bias, eps: float) -> torch.Tensor:
     if input.dtype == torch.float32 or input.dtype == torch.float64:
         fn = torch.nn.functional.group_norm if kind == "group" else torch.nn.functional.layer_norm
         return fn(input, arg, weight, bias, eps)
+    if torch.compiler.is_compiling():
+        # Under torch.compile the partitioner, handed the Function, kept the fp32 copy (the
+        # backward's upcast merged with the forward's): a checkpointed island keeps the low
+        # input, and inductor recomputes the fused norm in backward.
+        if not torch.is_grad_enabled():
+            return _norm_island(kind, input, arg, weight, bias, eps)
+        return torch.utils.checkpoint.checkpoint(_norm_island, kind, input, arg, weight, bias,
+                                                 eps, use_reentrant=False,
+                                                 preserve_rng_state=False)
     if kind == "layer":
         arg = tuple(int(d) for d in arg)
     return _Fp32Norm.apply(kind, input, arg, weight, bias, eps)

@@ -429,3 +429,26 @@ def test_fp32_helper_trains_as_the_island_does_and_keeps_half_the_bytes(norm, dt
     # keeps the low input (2 bytes), which the first Linear's output already is.
     assert helper <= island - 2 * x.numel(), (helper, island)
     assert helper <= theirs, (helper, theirs)
+
+
+@pytest.mark.parametrize("norm", ["layer", "group"])
+def test_fp32_helper_compiles_with_fullgraph(norm, monkeypatch):
+    """Under torch.compile the helper is a checkpointed island (its low input kept, the norm
+    recomputed in backward): the same values as the eager Function within rounding order."""
+    torch.manual_seed(0)
+    model = LinearNormLinear(norm).train()
+    x = torch.randn(8, 16, 64) if norm == "group" else torch.randn(8, 64, 16)
+    _no_low_io(monkeypatch)
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,))
+    (n,) = by_family(gm, f"{norm}_norm")
+    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    results = []
+    for fn in (gm, torch.compile(gm, fullgraph=True, backend="aot_eager")):
+        xi = x.clone().requires_grad_()
+        out = fn(xi)
+        out.pow(2).mean().backward()
+        results.append([out, xi.grad, *[p.grad.clone() for p in model.parameters()]])
+        model.zero_grad(set_to_none=True)
+    for got, want in zip(*results):
+        # Gradients summed in another order: a few bf16 units at most.
+        torch.testing.assert_close(got, want, rtol=4 * 2.0**-8, atol=1e-5)

@@ -419,6 +419,10 @@ def test_low_family_is_planned_low_and_accurate(family, dtype):
 
 def test_every_fp32_and_low_family_has_a_case():
     covered = {c.family for c in FP32_CASES + WHY_ONLY} | set(LOW_CASES)
+    # ``recompute``: the call recompute_islands writes into finished graphs; transforming such a
+    # graph again inlines its body first, so no pass ever paints it
+    # (tests/passes/test_recompute_islands.py::test_transforming_again_inlines_the_regions).
+    covered.add("recompute")
     missing = sorted(n for n, f in FAMILIES.items()
                      if f.precision in (Precision.FP32, Precision.LOW) and n not in covered)
     assert not missing, (f"families without a case in tests/test_precision_classes.py: "

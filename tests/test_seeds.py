@@ -12,6 +12,7 @@ from amprewrite.ops import Precision
 
 from .helpers import (
     LOW_DTYPES,
+    all_nodes,
     assert_classes_respected,
     by_family,
     rel_err,
@@ -164,7 +165,7 @@ def test_rope_positions_stay_distinct(capture):
     # Without the position cone, bf16 collapses 0..4095 to 769 values.
     naive = copy.deepcopy(model).to(torch.bfloat16)(x.bfloat16())[0]
     assert naive[:, 0].unique().numel() == 769
-    cone = [n for n in gm.graph.nodes if "position cone" in n.meta.get(M.REASON, "")]
+    cone = [n for n in all_nodes(gm) if "position cone" in n.meta.get(M.REASON, "")]
     assert {n.meta.get(M.FAMILY) for n in cone} >= {"trig", "arith"}
 
 

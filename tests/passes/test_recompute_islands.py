@@ -23,7 +23,7 @@ from amprewrite import runtime
 from amprewrite.passes import recompute_islands
 from amprewrite.passes.recompute_islands import RecomputeIslands, region_bodies
 
-from ..helpers import LOW_DTYPES
+from ..helpers import LOW_DTYPES, graph_signature
 
 NAMES = ["bf16", "fp16"]
 
@@ -159,3 +159,18 @@ def test_recompute_without_grad_is_a_plain_call():
     x = torch.randn(4).to(torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(runtime.recompute(body, x), body(x))
+
+
+def test_transforming_again_inlines_the_regions():
+    """A transformed train-mode graph transformed again gives the same graph: the regions are
+    put back in place (their casts then dropped as every cast is) before the passes run."""
+    model = GeluNewMLP().train()
+    x = torch.randn(32, 16)
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    again = amprewrite.transform(gm, torch.bfloat16, example_inputs=(x,))
+    assert len(region_bodies(again)) == len(region_bodies(gm)) == 1
+    assert graph_signature(again) == graph_signature(gm)  # the same, up to node names
+    (body,), (body_again,) = region_bodies(gm).values(), region_bodies(again).values()
+    assert graph_signature(body_again) == graph_signature(body)
+    with torch.no_grad():
+        assert torch.equal(again(x), gm(x))

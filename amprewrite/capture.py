@@ -545,6 +545,34 @@ def _quiet_loggers():
             lg.setLevel(level)
 
 
+def _inline_recomputed(graph: fx.Graph, owner: fx.GraphModule) -> None:
+    """Put the body of each ``runtime.recompute`` call (recompute_islands) back in its place."""
+    for call in list(graph.nodes):
+        if call.op != "call_function" or call.target is not runtime.recompute:
+            continue
+        ref, *args = call.args
+        body = owner.get_submodule(str(ref.target))
+        env: dict[fx.Node, object] = {}
+        placeholders = iter(args)
+        with graph.inserting_before(call):
+            for node in body.graph.nodes:
+                if node.op == "placeholder":
+                    env[node] = next(placeholders)
+                elif node.op == "output":
+                    out = fx.node.map_arg(node.args[0], env.__getitem__)
+                else:
+                    env[node] = graph.node_copy(node, env.__getitem__)
+        if isinstance(out, tuple):  # several outputs: the call's getitem users read them
+            for user in list(call.users):
+                user.replace_all_uses_with(out[user.args[1]])
+                graph.erase_node(user)
+        else:
+            call.replace_all_uses_with(out)
+        graph.erase_node(call)
+        if not ref.users:
+            graph.erase_node(ref)
+
+
 def _recapture(gm: fx.GraphModule) -> Capture:
     """The graph amprewrite captured for an already transformed GraphModule: its own graph (no
     re-trace, node names kept) without the casts amprewrite inserted, so transforming twice
@@ -558,6 +586,7 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own treespec deprecation on deepcopy
         graph = copy.deepcopy(gm.graph)
+    _inline_recomputed(graph, gm)
     for node in list(graph.nodes):
         if M.CAST in node.meta:
             node.replace_all_uses_with(node.args[0])

@@ -150,6 +150,23 @@ def all_nodes(gm: fx.GraphModule) -> list[fx.Node]:
     return out
 
 
+def saved_bytes(fn, model: nn.Module, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward while ``fn(x)`` runs (``saved_tensors_hooks``), each
+    storage counted once, ``model``'s parameters and buffers left out."""
+    params = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    return sum(seen.values())
+
+
 def casts(gm: fx.GraphModule) -> list[fx.Node]:
     return [n for n in all_nodes(gm) if M.CAST in n.meta]
 

@@ -27,7 +27,7 @@ from amprewrite.kernels import mixed_problem
 from amprewrite.numerics import rel_err
 from amprewrite.ops import FAMILIES, Mixed, Precision
 from amprewrite.passes import paint_precision
-from tests.helpers import assert_classes_respected, by_family, casts
+from tests.helpers import assert_classes_respected, by_family, casts, saved_bytes
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 # What the kernel probe finds on CPU (torch 2.13), bf16 and fp16, measured: these signatures
@@ -360,21 +360,6 @@ def test_registry_lists_the_signatures():
 # --- bytes autograd keeps ---------------------------------------------------------------------
 
 
-def _saved_bytes(fn, model: nn.Module, x: torch.Tensor) -> int:
-    params = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(x)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
 def test_conv_bn_training_keeps_no_more_bytes_than_autocast(dtype):
     model = _trained_bn(ConvBNConv()).train()
@@ -385,8 +370,8 @@ def test_conv_bn_training_keeps_no_more_bytes_than_autocast(dtype):
         with torch.autocast("cpu", dtype=dtype):
             return model(x)
 
-    ours, theirs = _saved_bytes(gm, model, x), _saved_bytes(autocast, model, x)
-    fp32 = _saved_bytes(model, model, x)
+    ours, theirs = saved_bytes(gm, model, x), saved_bytes(autocast, model, x)
+    fp32 = saved_bytes(model, model, x)
     # Casts of weights to the low dtype are kept by both; the activations are all low.
     assert ours <= theirs, (ours, theirs, fp32)
     assert ours <= 0.6 * fp32, (ours, theirs, fp32)
@@ -423,8 +408,8 @@ def test_fp32_helper_trains_as_the_island_does_and_keeps_half_the_bytes(norm, dt
         with torch.autocast("cpu", dtype=dtype):
             return model(x)
 
-    helper, island = (_saved_bytes(graphs[k], model, x) for k in ("helper", "island"))
-    theirs = _saved_bytes(autocast, model, x)
+    helper, island = (saved_bytes(graphs[k], model, x) for k in ("helper", "island"))
+    theirs = saved_bytes(autocast, model, x)
     # The island keeps an fp32 copy of the norm's input (4 bytes a value) where the helper
     # keeps the low input (2 bytes), which the first Linear's output already is.
     assert helper <= island - 2 * x.numel(), (helper, island)

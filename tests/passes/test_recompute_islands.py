@@ -23,7 +23,7 @@ from amprewrite import runtime
 from amprewrite.passes import recompute_islands
 from amprewrite.passes.recompute_islands import RecomputeIslands, region_bodies
 
-from ..helpers import LOW_DTYPES, graph_signature
+from ..helpers import LOW_DTYPES, graph_signature, saved_bytes
 
 NAMES = ["bf16", "fp16"]
 
@@ -53,21 +53,6 @@ class Residual(nn.Module):
 
     def forward(self, x):
         return self.ln(x + self.fc(x))
-
-
-def _saved_bytes(fn, model: nn.Module, x: torch.Tensor) -> int:
-    params = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(x)
-    return sum(seen.values())
 
 
 def _without_pass(monkeypatch, model, dtype, x):
@@ -117,8 +102,8 @@ def test_gelu_new_region_is_recomputed_bit_for_bit(dtype, capture, monkeypatch):
         with torch.autocast("cpu", dtype=dtype):
             return model(x)
 
-    ours, before = _saved_bytes(gm, model, x), _saved_bytes(plain, model, x)
-    assert ours < before and ours <= _saved_bytes(autocast, model, x), (ours, before)
+    ours, before = saved_bytes(gm, model, x), saved_bytes(plain, model, x)
+    assert ours < before and ours <= saved_bytes(autocast, model, x), (ours, before)
 
 
 def test_eval_mode_and_a_residual_add_keep_their_graph(monkeypatch):

@@ -299,8 +299,9 @@ MASK_DRAWS = frozenset({torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_,
 # harmless for each. Reviewed by hand; the coverage test (amprewrite/coverage.py) fails on
 # any public op not here.
 FP32_BY_DEFAULT: frozenset[str] = frozenset({
-    # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32).
-    "lstm", "gru", "rnn_tanh", "rnn_relu",
+    # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32),
+    # and so is the mkldnn kernel of one layer (CPU autocast runs it low).
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer",
     # A composite traced through by both captures; only called whole by a symbolic trace.
     "multi_head_attention_forward",
     # Tuple of differences (arithmetic); rare in models.
@@ -356,7 +357,7 @@ def upsample_mode(node: fx.Node, module: nn.Module | None = None) -> str | None:
         mode = _arg(node, 3, "mode", "nearest")  # (input, size, scale_factor, mode, ...)
         return mode if isinstance(mode, str) else None
     name = getattr(target, "__name__", "") if not isinstance(target, str) else target
-    name = name.split(".")[0].lstrip("_")
+    name = name.split(".")[0].lstrip("_").removesuffix("_aa")  # _aa: antialiased
     if not name.startswith("upsample_"):
         return None
     mode = name[len("upsample_"):].rstrip("123d").rstrip("_")
@@ -646,6 +647,8 @@ _LOSSES = [
 ]
 _LOSS_ALIASES = {"cross_entropy": ["_C._nn.cross_entropy_loss"],
                  "nll_loss": ["_C._nn.nll_loss2d", "_C._nn.nll_loss_nd"]}
+# ATen-only forms (no torch function): what a loss dispatches to in an ATen graph.
+_LOSS_OPS = {"multilabel_margin_loss": ("aten::multilabel_margin_loss_forward",)}
 
 _SPECIAL = [
     # Special functions: steep, with poles or long tails; autocast leaves them out of its
@@ -676,6 +679,7 @@ _LINALG_TUPLES = [
     "slogdet", "svd", "eig", "eigh", "eigvals", "qr", "cholesky_ex", "inv_ex", "solve_ex",
     "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_unpack", "ldl_factor", "ldl_factor_ex",
     "geqrf", "triangular_solve", "pca_lowrank", "svd_lowrank", "lobpcg", "frexp",
+    "_lu_with_info",
 ]
 
 _FFT = ["fft.fft", "fft.ifft", "fft.fft2", "fft.ifft2", "fft.fftn", "fft.ifftn", "fft.rfft",
@@ -700,20 +704,30 @@ _TABLE: list[Family] = [
         lower={nn.Linear: lambda m, x, attr: (F.linear, (x, attr("weight"), attr("bias")), {})},
         why="matmul: fp32 accumulation inside the kernel"),
     _op("bilinear", L, ["bilinear"], modules=["Bilinear"], needs_float=True),
-    _op("conv", L, ["conv1d", "conv2d", "conv3d", "convolution", "conv_tbc", "_convolution"],
+    _op("conv", L, ["conv1d", "conv2d", "conv3d", "convolution", "conv_tbc", "_convolution",
+                    "cudnn_convolution"],
         modules=["Conv1d", "Conv2d", "Conv3d", "LazyConv1d", "LazyConv2d", "LazyConv3d"],
         needs_float=True, lower={cls: _conv for cls in _CONV}),
-    _op("conv_transpose", L, ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"],
+    _op("conv_transpose", L, ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                              "cudnn_convolution_transpose"],
         modules=["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"], needs_float=True,
         lower={cls: _conv_t for cls in _CONV_T}),
     _op("matmul", L, ["matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "mv", "addmv",
                       "einsum", "tensordot", "chain_matmul", "multi_dot", "dot", "vdot", "inner",
                       "outer", "ger", "addr", "vecdot", "_addmm_activation", "_grouped_mm"],
         functions=[operator.matmul], needs_float=True,
-        inplace={operator.imatmul: operator.matmul}),
+        inplace={operator.imatmul: operator.matmul},
+        op_names=("transformers::grouped_mm_fallback",)),
     _op("rnn_cell", L, ["lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"],
-        needs_float=True),
-    _op("scaled_dot_product_attention", L, ["scaled_dot_product_attention"]),
+        needs_float=True,
+        op_names=("aten::_thnn_fused_lstm_cell", "aten::_thnn_fused_gru_cell")),
+    # The fused kernels SDPA dispatches to (ATen graphs after dispatch: aot_autograd, inductor)
+    # and the fused multi-head attention of nn.MultiheadAttention's fast path; autocast runs
+    # them low, and they return their logsumexp in fp32 whatever the input's dtype.
+    _op("scaled_dot_product_attention", L, [
+        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention", "_native_multi_head_attention"]),
     # FP32: normalisations (batch statistics overflow fp16; NaN corrupts running stats).
     _op("batch_norm", H, ["batch_norm", "native_batch_norm", "_native_batch_norm_legit",
                           "batch_norm_elemt", "batch_norm_stats", "batch_norm_gather_stats",
@@ -806,7 +820,8 @@ _TABLE: list[Family] = [
     # FP32: sampling (coordinates lose sub-pixel precision; bf16 grid_sample on CPU returns
     # garbage, 9.5e31 errors measured with torch 2.13).
     _op("sampling", H, ["grid_sample", "affine_grid", "grid_sampler", "grid_sampler_2d",
-                        "grid_sampler_3d", "affine_grid_generator"], out=Out.FLOAT),
+                        "grid_sampler_3d", "affine_grid_generator",
+                        "_grid_sampler_2d_cpu_fallback"], out=Out.FLOAT),
     # PROMOTE: elementwise arithmetic and activations run in the widest float input.
     _op("arith", P, ["add", "sub", "subtract", "mul", "multiply", "neg", "negative", "positive",
                      "rsub", "addcmul", "addcdiv", "lerp", "abs", "absolute", "sign", "sgn",
@@ -857,7 +872,9 @@ _TABLE: list[Family] = [
     _op("interpolate", P, ["interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
                            "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
                            "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
-                           "upsample_trilinear3d"],
+                           "upsample_trilinear3d", "_C._nn._upsample_nearest_exact1d",
+                           "_C._nn._upsample_nearest_exact2d", "_C._nn._upsample_nearest_exact3d",
+                           "_C._nn._upsample_bilinear2d_aa", "_C._nn._upsample_bicubic2d_aa"],
         modules=["Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d"],
         # Nearest modes copy values (exact in any dtype); every other mode averages.
         classify=_interpolate,
@@ -1056,7 +1073,7 @@ _LOSS_WHY = {
 }
 for _fn, _mod in _LOSSES:
     _TABLE.append(_op(_fn, H, [_fn, *_LOSS_ALIASES.get(_fn, [])], modules=[_mod],
-                      why=_LOSS_WHY.get(_fn, "")))
+                      why=_LOSS_WHY.get(_fn, ""), op_names=_LOSS_OPS.get(_fn, ())))
 
 # Spellings whose bare names also exist with another meaning, or that moved family.
 _METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "requires_grad",

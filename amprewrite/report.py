@@ -125,8 +125,11 @@ def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
                                     node.meta.get(M.MODULE_PATH, "")))
 
 
-def report(gm: fx.GraphModule) -> Report:
-    """The :class:`Report` of a GraphModule returned by :func:`amprewrite.transform`."""
+def report(gm: fx.GraphModule | torch.export.ExportedProgram) -> Report:
+    """The :class:`Report` of a GraphModule (or ExportedProgram) returned by
+    :func:`amprewrite.transform`."""
+    if isinstance(gm, torch.export.ExportedProgram):
+        gm = gm.graph_module  # where transform(ep) keeps it; not saved by torch.export.save
     rep = getattr(gm, "meta", {}).get(REPORT_KEY)
     if rep is None:
         from .errors import PolicyError

@@ -486,3 +486,142 @@ def test_every_core_aten_op_has_a_family():
             assert got is not None, op  # in some family
         else:
             assert got is not None and got.name == family, (op, got)
+
+
+# torch.autocast's op lists, by device and cast policy, as PyTorch's C++ declares them:
+# aten/src/ATen/autocast_mode.cpp (the CPU lists; pytorch/pytorch at 008ec6b1) and the
+# AT_FORALL_* lists of aten/src/ATen/autocast_mode.h that CUDA (and XPU) register, plus
+# cudnn_convolution(_transpose), which the .cpp adds for CUDA. fp32 includes autocast's
+# fp32_set_opt_dtype and fp32_append_dtype policies (softmax, sum, norm: run in fp32 too).
+# rms_norm: CUDA fp32 in torch 2.13, newer than that source.
+AUTOCAST_LISTS = {
+    ("cpu", "low"): """conv1d conv1d.padding conv2d conv2d.padding conv3d conv3d.padding bmm mm
+        linalg_vecdot baddbmm addmm _addmm_activation addbmm linear _convolution.deprecated matmul
+        conv_tbc mkldnn_rnn_layer conv_transpose1d conv_transpose2d.input conv_transpose3d.input
+        prelu scaled_dot_product_attention _native_multi_head_attention""",
+    ("cpu", "fp32"): """avg_pool3d binary_cross_entropy grid_sampler polar prod prod.dim_int
+        prod.dim_Dimname quantile quantile.scalar nanquantile nanquantile.scalar stft stft.center
+        cdist grid_sampler_2d _grid_sampler_2d_cpu_fallback grid_sampler_3d trace view_as_complex
+        cholesky cholesky_inverse cholesky_solve inverse lu_solve orgqr ormqr pinverse max_pool3d
+        max_unpool2d max_unpool3d adaptive_avg_pool3d reflection_pad1d reflection_pad2d
+        replication_pad1d replication_pad2d replication_pad3d mse_loss cosine_embedding_loss
+        nll_loss nll_loss2d hinge_embedding_loss poisson_nll_loss smooth_l1_loss
+        cross_entropy_loss l1_loss huber_loss margin_ranking_loss soft_margin_loss
+        triplet_margin_loss multi_margin_loss ctc_loss.IntList ctc_loss.Tensor kl_div
+        multilabel_margin_loss binary_cross_entropy_with_logits fft_fft fft_ifft fft_fft2
+        fft_ifft2 fft_fftn fft_ifftn fft_rfft fft_irfft fft_rfft2 fft_irfft2 fft_rfftn fft_irfftn
+        fft_hfft fft_ihfft linalg_cond linalg_cond.p_str linalg_matrix_rank
+        linalg_matrix_rank.tol_tensor linalg_matrix_rank.atol_rtol_tensor
+        linalg_matrix_rank.atol_rtol_float linalg_solve linalg_cholesky linalg_svdvals
+        linalg_eigvals linalg_eigvalsh linalg_inv linalg_householder_product linalg_tensorinv
+        linalg_tensorsolve fake_quantize_per_tensor_affine geqrf _lu_with_info qr svd
+        triangular_solve fractional_max_pool2d fractional_max_pool3d adaptive_max_pool3d
+        multilabel_margin_loss_forward linalg_qr linalg_cholesky_ex linalg_svd linalg_eig
+        linalg_eigh linalg_lstsq linalg_inv_ex""",
+    ("cpu", "promote"): "stack cat index_copy index_copy.dimname",
+    ("cuda", "low"): """_convolution.deprecated _convolution conv1d conv2d conv3d conv_tbc
+        conv_transpose1d conv_transpose2d.input conv_transpose3d.input convolution prelu addmm
+        addmv addr matmul einsum mm mv linalg_vecdot linear addbmm baddbmm bmm chain_matmul
+        linalg_multi_dot _thnn_fused_lstm_cell _thnn_fused_gru_cell lstm_cell gru_cell
+        rnn_tanh_cell rnn_relu_cell _scaled_dot_product_flash_attention
+        scaled_dot_product_attention cudnn_convolution cudnn_convolution_transpose""",
+    ("cuda", "fp32"): """acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt
+        sinh tan pow.Tensor_Scalar pow.Tensor_Tensor pow.Scalar softplus layer_norm
+        native_layer_norm group_norm frobenius_norm.dim nuclear_norm nuclear_norm.dim
+        cosine_similarity poisson_nll_loss cosine_embedding_loss nll_loss nll_loss2d
+        hinge_embedding_loss kl_div l1_loss smooth_l1_loss huber_loss mse_loss margin_ranking_loss
+        multilabel_margin_loss soft_margin_loss triplet_margin_loss multi_margin_loss
+        binary_cross_entropy_with_logits dist pdist cdist renorm logsumexp upsample_nearest1d
+        _upsample_nearest_exact1d upsample_nearest2d _upsample_nearest_exact2d upsample_nearest3d
+        _upsample_nearest_exact3d upsample_linear1d upsample_bilinear2d _upsample_bilinear2d_aa
+        upsample_trilinear3d upsample_bicubic2d _upsample_bicubic2d_aa prod prod.dim_int
+        prod.dim_Dimname softmax.int softmax.Dimname log_softmax.int log_softmax.Dimname cumprod
+        cumprod.dimname cumsum cumsum.dimname linalg_vector_norm linalg_matrix_norm
+        linalg_matrix_norm.str_ord sum sum.dim_IntList sum.dim_DimnameList norm.Scalar
+        norm.ScalarOpt_dim norm.names_ScalarOpt_dim rms_norm""",
+    ("cuda", "promote"): """addcdiv addcmul atan2 bilinear cross dot vdot grid_sampler index_put
+        tensordot scatter_add""",
+    ("cuda", "banned"): "binary_cross_entropy",  # raises "unsafe to autocast"
+}
+AUTOCAST = {key: names.split() for key, names in AUTOCAST_LISTS.items()}
+
+# Where the registry runs an op of autocast's low or fp32 list in another class, and why. Every
+# entry is deliberate; the test fails when one appears or goes away.
+AUTOCAST_DISAGREEMENTS = {
+    # Autocast runs these low; the registry does not.
+    "prelu": "promote",  # elementwise: runs in its inputs' widest precision, like gelu
+    "mkldnn_rnn_layer": "fp32 by default",  # whole recurrent layers (nn.LSTM) are unknown: fp32
+    # Autocast runs these in fp32; they select or copy values, exact in any dtype.
+    **dict.fromkeys(["max_pool3d", "max_unpool2d", "max_unpool3d", "adaptive_max_pool3d",
+                     "fractional_max_pool2d", "fractional_max_pool3d", "reflection_pad1d",
+                     "reflection_pad2d", "replication_pad1d", "replication_pad2d",
+                     "replication_pad3d"], "neutral"),
+    # CUDA autocast runs every upsample in fp32; nearest ones copy values (NEUTRAL per node),
+    # the averaging modes follow their input (an fp32 island where no low kernel is probed).
+    **dict.fromkeys(["upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d",
+                     "_upsample_nearest_exact2d", "upsample_nearest3d",
+                     "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+                     "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d",
+                     "_upsample_bicubic2d_aa"], "promote"),
+    # CPU autocast's fp32 pools: averages follow their input; adaptive_avg_pool3d is FP32 per
+    # node (ops._avg_pool), avg_pool3d is not (no error measured worse than autocast's).
+    "avg_pool3d": "promote", "adaptive_avg_pool3d": "promote",
+    # Quantization simulation: no family; unknown ops run in fp32, as autocast runs it.
+    "fake_quantize_per_tensor_affine": "fp32 by default",
+}
+
+
+def _aten_op(name: str):
+    """``aten::name.overload`` as an operator; the overload packet where this torch has no such
+    overload (named-tensor ones); None where it has no such op."""
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is None:
+        return None
+    return getattr(packet, overload or "default", None) or packet
+
+
+def _class_of(name: str) -> str | None:
+    op = _aten_op(name)
+    family = ops.family_for_function(op) if op is not None else None
+    if family is not None:
+        return family.precision.value
+    return "fp32 by default" if name.split(".")[0] in ops.FP32_BY_DEFAULT else None
+
+
+def test_autocast_lists_match_this_torch():
+    """The lists above hold every op this torch registers an autocast kernel for (CPU and
+    CUDA, whether or not CUDA is here): an op autocast starts casting fails here until it is
+    added to the lists, and so to the checks below."""
+    for device, key in (("cpu", "AutocastCPU"), ("cuda", "AutocastCUDA")):
+        listed = {f"aten::{n}" for (d, _), names in AUTOCAST.items() if d == device
+                  for n in names}
+        registered = {q for q in torch._C._dispatch_get_all_op_names() if q.startswith("aten::")
+                      and torch._C._dispatch_has_kernel_for_dispatch_key(q, key)}
+        assert len(registered) > 90
+        assert sorted(registered - listed) == []
+
+
+def test_every_op_in_autocasts_lists_is_classified():
+    """Every op torch.autocast casts is classified by the one registry (by its ATen name, as an
+    ATen graph spells it), or is one of the ops the registry reviewed as fp32 by default."""
+    names = {n for lists in AUTOCAST.values() for n in lists}
+    assert len(names) > 200
+    unresolved = sorted(n for n in names if _aten_op(n) is None)
+    assert unresolved == []  # every listed op exists in this torch
+    assert sorted(n for n in names if _class_of(n) is None) == []
+
+
+def test_autocasts_low_and_fp32_ops_get_our_class_or_a_stated_reason():
+    """Autocast's fp32 ops are never LOW here; its low ops are LOW; the exceptions are the
+    deliberate ones in AUTOCAST_DISAGREEMENTS."""
+    found = {}
+    for (_, policy), names in AUTOCAST.items():
+        if policy not in ("low", "fp32"):
+            continue
+        for name in names:
+            got = _class_of(name)
+            if got != policy:
+                found[name.split(".")[0]] = got
+    assert found == AUTOCAST_DISAGREEMENTS
+    assert "low" not in found.values()

@@ -18,7 +18,7 @@ import torch
 import amprewrite
 from amprewrite.numerics import float_leaves, rel_err
 
-from .zoo import LIBRARY, MODELS, call, cast_inputs
+from .zoo import AUTOCAST_TWIN, LIBRARY, MODELS, call, cast_inputs
 
 __all__ = ["DRAWS", "DTYPES", "NOISE", "conform", "draws", "fmt", "markdown"]
 
@@ -84,8 +84,11 @@ def conform(name: str, dtype: torch.dtype, compile: bool = True) -> dict[str, ob
     batches = draws(inputs)
     with torch.no_grad():
         ref = [call(model, b) for b in batches]
+        twin = AUTOCAST_TWIN[name](model) if name in AUTOCAST_TWIN else model
         with torch.autocast("cpu", dtype=dtype):
-            row["err_autocast"] = _error([call(model, b) for b in batches], ref)
+            row["err_autocast"] = _error([call(twin, b) for b in batches], ref)
+            if twin is not model:  # autocast on the model as given, for the record
+                row["err_autocast_as_given"] = _error([call(model, b) for b in batches], ref)
         try:
             low_model = copy.deepcopy(model).to(dtype)
             low = [call(low_model, cast_inputs(b, dtype)) for b in batches]
@@ -186,6 +189,14 @@ def markdown(data: dict) -> str:
                   "same ops ran in low precision as under CPU autocast; below 1, amprewrite "
                   "kept more in fp32 (GroupNorm, which CPU autocast runs in low precision; "
                   "residual adds after a norm)."]
+    twins = [r for r in data["rows"] if r.get("err_autocast_as_given") is not None]
+    if twins:
+        lines += ["", "Autocast is measured where it reaches the same ops as amprewrite "
+                  "(amprewrite/testing/zoo.py, `AUTOCAST_TWIN`): "
+                  + "; ".join(f"{r['model']} {r['dtype']}: {fmt(r['err_autocast'])} with "
+                              f"transformers' eager experts, {fmt(r['err_autocast_as_given'])} "
+                              "with the `grouped_mm_fallback` custom op, whose matmuls autocast "
+                              "runs in fp32" for r in twins) + "."]
     crashes = [r for r in data["rows"] if r.get("to_dtype_error")]
     if crashes:
         lines += ["", "`model.to(dtype)` crashed on:", ""]

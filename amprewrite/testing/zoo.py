@@ -8,6 +8,8 @@ Shared by the tests (tests/models) and the benchmarks (``python -m benchmarks.co
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -246,6 +248,23 @@ MODELS = {
 # More architectures, outside the conformance matrix (docs/models.md): the capture-time table
 # (python -m benchmarks.capture) and tests/models/test_real_models.py.
 MORE = {"swin": swin, "efficientnet": efficientnet, "wav2vec2": wav2vec2}
+def _eager_experts(model: nn.Module) -> nn.Module:
+    """A copy of a transformers MoE model whose experts run as transformers' eager loop (one
+    matmul per expert, ``F.linear``) instead of the ``transformers::grouped_mm_fallback`` custom
+    op: the same weights and the same fp32 values, but ops autocast can reach."""
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_experts_implementation"):
+            cfg._experts_implementation = "eager"
+    return twin
+
+
+# The model autocast's error is measured on, where autocast cannot reach ops that amprewrite
+# does: under autocast, Mixtral's experts (a custom op whose body calls ``torch.mm``) run in
+# fp32, so its error would compare low experts with fp32 ones (docs/models.md says which).
+AUTOCAST_TWIN = {"mixtral": _eager_experts}
+
 LIBRARY = {"unet2d": "diffusers", "unet2d_condition": "diffusers", "autoencoder_kl": "diffusers",
            "resnet": "tests (torch.nn)"}
 

@@ -12,9 +12,12 @@
     python -m benchmarks memory         # saved-for-backward bytes, cast bytes and step time of
                                         # fp32, autocast and amprewrite on the zoo models
                                         # (options: python -m benchmarks memory --help)
+    python -m benchmarks deploy         # export, save, load, AOTInductor on six zoo models:
+                                        # artefact vs GraphModule and vs fp32, compile time
+                                        # (options: python -m benchmarks deploy --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,report_page,conformance,mutants,memory}
+capture,generate,report_page,conformance,mutants,memory,deploy}
 --help.
 """
 
@@ -28,6 +31,7 @@ import time
 from . import (
     capture,
     conformance,
+    deploy,
     generate,
     inference,
     loops,
@@ -86,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["memory"]:  # its own options (--models, --dtypes, --no-compiled, ...)
         memory.main(argv[1:])
         return 0
+    if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
+        deploy.main(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory"])
+    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory", "deploy"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """``amprewrite export`` and ``amprewrite.deploy.export``: the artefact a user ships (a
 torch.export program, an AOTInductor package, an ONNX file) is loaded back, runs at another batch
-size, and gives the GraphModule's outputs (pt2, aoti: within 1e-6 relative) or an error against
-fp32 like autocast's (ONNX in onnxruntime, float16)."""
+size, and gives the GraphModule's outputs (pt2: within 1e-6 relative) or an error against
+fp32 like autocast's (aoti: Inductor's own kernels; ONNX in onnxruntime, float16)."""
 
 from __future__ import annotations
 

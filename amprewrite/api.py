@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import time
+import warnings
 import weakref
 from collections.abc import Iterable
 
@@ -13,20 +14,22 @@ from torch import fx, nn
 
 from . import meta as M
 from .capture import capture
-from .errors import ModelError, PolicyError
+from .errors import ModelError, NotVerifiedWarning, PolicyError
+from .exported import export_again, is_exported_program, program_inputs
 from .graphmodule import DynamoGraphModule
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
 from .policy import Policy, Selector, check_selectors
 from .progress import status, transform_progress
-from .report import POLICY_KEY, REPORT_KEY, Report, decisions_of
+from .report import POLICY_KEY, REPORT_KEY, Report, decisions_of, report
+from .shapes import BATCH
 
 __all__ = ["transform"]
 
 
 def transform(
-    model: nn.Module,
+    model: nn.Module | torch.export.ExportedProgram,
     dtype: torch.dtype | str = torch.bfloat16,
     *,
     example_inputs: object = None,
@@ -40,16 +43,21 @@ def transform(
     verify: bool = True,
     progress: bool | None = None,
     dynamic_shapes: object = "batch",
-) -> fx.GraphModule:
+    capture: str = "dynamo",
+) -> fx.GraphModule | torch.export.ExportedProgram:
     """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
 
     Args:
-        model: the fp32 ``nn.Module`` to convert. It is never modified.
+        model: the fp32 ``nn.Module`` to convert. It is never modified. A
+            ``torch.export.ExportedProgram`` gives an ExportedProgram: its module is transformed
+            on ``example_inputs`` (default: the inputs it was exported with,
+            ``ep.example_inputs``) and exported again with the same dynamic dimensions, ready
+            for ``torch.export.save`` and AOTInductor (docs/guide.md, "Deploying").
         dtype: ``torch.bfloat16`` / ``"bf16"`` or ``torch.float16`` / ``"fp16"``.
         example_inputs: a tuple of positional inputs (or a dict of keyword inputs). With them the
-            model is captured by dynamo, which handles real-world models; without them it is
-            traced with ``torch.fx.symbolic_trace`` and ``gm.train()``/``gm.eval()`` keep
-            switching BatchNorm and Dropout.
+            model is captured by dynamo (or torch.export, ``capture=``), which handles
+            real-world models; without them it is traced with ``torch.fx.symbolic_trace`` and
+            ``gm.train()``/``gm.eval()`` keep switching BatchNorm and Dropout.
         keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``), op
             family names (``"softmax"``) or graph nodes (``"node:matmul_1"``, names as in the
             report; what :func:`amprewrite.find_fp32_nodes` returns) to compute in fp32.
@@ -81,6 +89,16 @@ def transform(
             spec accepts every size in those ranges, and calls outside them raise
             ``ShapeError``. ``"batch"`` (default) makes dimension 0 of every input dynamic where
             the model allows it (the report says whether it did); ``None`` fixes every size.
+            For an ExportedProgram, ``"batch"`` means the program's own dynamic dimensions (a
+            ``Dim`` per symbol, with its range from ``ep.range_constraints``).
+        capture: with ``example_inputs``, how the model becomes a graph. ``"dynamo"``
+            (default): ``torch._dynamo.export``, torch-level ops; every pass applies (loop
+            re-rolling, the upsample rewrite, low embedding tables) and custom
+            ``autograd.Function``s keep their backward. ``"export"``: non-strict
+            ``torch.export.export``, an ATen-level graph, 2-4x faster to capture on the
+            zoo's real models; it refuses custom ``autograd.Function``s, inlines activation
+            checkpointing, and the passes above do not yet match its ATen ops (docs/guide.md,
+            "Capture").
 
     Example:
         >>> import torch, amprewrite
@@ -90,11 +108,15 @@ def transform(
         torch.float32
         >>> [(d.family, str(d.dtype)) for d in amprewrite.report(gm).decisions if d.family]
         [('linear', 'torch.bfloat16'), ('softmax', 'torch.float32')]
+        >>> ep = amprewrite.transform(torch.export.export(model, (torch.randn(2, 8),)), "bf16")
+        >>> type(ep).__name__, ep.module()(torch.randn(2, 8)).dtype
+        ('ExportedProgram', torch.float32)
     """
     policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
-                    on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes)
+                    on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
+                    capture=capture)
     with transform_progress(progress):
         return transform_with(model, policy, example_inputs)
 
@@ -110,17 +132,21 @@ def _items(value: object, name: str) -> Iterable[Selector]:
     return value
 
 
-def transform_with(model: nn.Module, policy: Policy, example_inputs: object = None,
-                   on_pass=None) -> fx.GraphModule:
+def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Policy,
+                   example_inputs: object = None, on_pass=None
+                   ) -> fx.GraphModule | torch.export.ExportedProgram:
     """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend)."""
+    if is_exported_program(model):
+        return _transform_program(model, policy, example_inputs, on_pass)
     _check_model(model)
     _check_selectors(model, policy)
     if policy.device is None:
         policy = dataclasses.replace(policy, device=_model_device(model))
     start = time.perf_counter()
-    status("capturing the graph with " + ("dynamo" if example_inputs is not None
+    status("capturing the graph with " + (_CAPTURE_TOOL[policy.capture]
+                                           if example_inputs is not None
                                            else "torch.fx.symbolic_trace"))
-    captured = capture(model, example_inputs, policy.dynamic_shapes)
+    captured = capture(model, example_inputs, policy.dynamic_shapes, policy.capture)
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
     rep.timings["capture"] = time.perf_counter() - start
     gm = captured.gm
@@ -143,6 +169,31 @@ def transform_with(model: nn.Module, policy: Policy, example_inputs: object = No
     return gm
 
 
+# What the progress line and the report's notes call each capture.
+_CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
+
+
+def _transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_inputs: object,
+                       on_pass=None) -> torch.export.ExportedProgram:
+    """ExportedProgram in, ExportedProgram out (:mod:`amprewrite.exported`): the program's
+    module transformed on its example inputs with its dynamic dimensions, exported again."""
+    inputs = program_inputs(ep, example_inputs)
+    if isinstance(policy.dynamic_shapes, str) and policy.dynamic_shapes == BATCH:
+        policy = dataclasses.replace(policy, dynamic_shapes=inputs.dynamic_shapes)  # as ep's
+    verify = policy.verify and inputs.real
+    gm = transform_with(inputs.module, dataclasses.replace(policy, verify=verify),
+                        inputs.example_inputs, on_pass)
+    if policy.verify and not inputs.real:
+        why = ("the ExportedProgram keeps no example inputs (ep.example_inputs is None), so it "
+               "was captured and exported on zero-filled inputs of its example sizes and not "
+               "verified; pass example_inputs=(...) to have it checked against fp32 and autocast")
+        report(gm).notes.append(f"verify: not run: {why}")
+        warnings.warn(NotVerifiedWarning(f"amprewrite.transform: {why} (or verify=False)."),
+                      stacklevel=4)  # user -> transform -> transform_with -> here
+    status("exporting the transformed graph")
+    return export_again(gm, inputs, policy.dynamic_shapes)
+
+
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo"
                     ) -> fx.GraphModule:
     """Run the passes on an already captured graph (the torch.compile backend's entry)."""
@@ -162,13 +213,6 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _check_model(model: object) -> None:
-    if type(model).__name__ == "ExportedProgram":
-        raise ModelError(
-            "amprewrite.transform got a torch.export ExportedProgram; it transforms modules. "
-            "Pass ep.module() (an ATen-level GraphModule, with example_inputs), then export the "
-            "returned graph again: torch.export.export(gm, args, dynamic_shapes=...) gives the "
-            "mixed-precision ExportedProgram (docs/guide.md, \"Deploying\")."
-        )
     if not isinstance(model, nn.Module):
         raise ModelError(
             f"amprewrite.transform expects a torch.nn.Module, got {type(model).__name__}. Wrap a "
@@ -242,7 +286,7 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
                 notes.append(f"{node.name}: functional dropout with a training flag fixed at "
                              "trace time; use nn.Dropout to have gm.train()/gm.eval() switch it")
     else:
-        notes.append("captured by dynamo in "
+        notes.append(f"captured by {_CAPTURE_TOOL.get(method, method)} in "
                      f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
         guard = getattr(gm, "_amp_inputs", None)
         if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary

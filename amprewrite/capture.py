@@ -1,8 +1,10 @@
 """Capture a model into a ``torch.fx.GraphModule``.
 
 Without example inputs the model is traced symbolically (``torch.fx.symbolic_trace``); with them
-it is captured by dynamo (``torch._dynamo.export``), which handles real-world models and unrolls
-Python loops. Either way the result:
+it is captured by dynamo (``torch._dynamo.export``, ``capture="dynamo"``, the default), which
+handles real-world models and unrolls Python loops, or by non-strict ``torch.export.export``
+(``capture="export"``): the model's Python runs on fake tensors, with no bytecode tracing and no
+guards to build, and the graph is ATen-level. Every way the result:
 
 - names parameters and buffers by their original qualified names (``gm.state_dict()`` keys equal
   the model's) and shares the caller's tensors, never copies them;
@@ -16,12 +18,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import logging
+import operator
 import os
 import traceback
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +35,7 @@ from torch.utils import _pytree as pytree
 
 from . import meta as M
 from . import runtime
-from .errors import CaptureError, ModelError, PolicyError
+from .errors import AmpRewriteError, CaptureError, ModelError, PolicyError
 from .graphmodule import REGISTERED_OUTPUTS, DynamoGraphModule, add_input_check
 from .modules import buffer_clone_copy, get_attr, has_attr, rebuild, share_copy, tensor_names
 from .ops import family_of
@@ -145,8 +149,10 @@ def _symbolic_cause(text: str) -> str:
     return "torch.fx.symbolic_trace cannot trace this construct."
 
 
-def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None
-            ) -> fx.GraphModule:
+def _with_inputs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None,
+                 method: str = "dynamo") -> fx.GraphModule:
+    """Capture with example inputs: ``method`` ``"dynamo"`` (``torch._dynamo.export``) or
+    ``"export"`` (non-strict ``torch.export.export``, an ATen-level graph)."""
     import torch._dynamo  # imported on first capture, not with amprewrite (seconds)
 
     try:
@@ -158,12 +164,13 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
     spec, _ = capture_spec(model, args, kwargs, dynamic_shapes)
+    run = _export if method == "dynamo" else _export_nonstrict
     try:
-        exported = _export(model, args, kwargs, spec)
+        src = run(model, args, kwargs, spec)
     except Exception as exc:
-        exported, error = None, exc
+        src, error = None, exc
         _raise_if_own(model, exc)
-    if exported is None:
+    if src is None:
         failure, out = _eager_run(model, args, kwargs)
         if failure is not None:
             raise CaptureError(
@@ -173,11 +180,11 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
             ) from None
         if _register_output_dataclasses(out):
             try:
-                exported = _export(model, args, kwargs, spec)
+                src = run(model, args, kwargs, spec)
             except Exception as exc:
                 error = exc
                 _raise_if_own(model, exc)
-        if exported is None:
+        if src is None:
             if spec is not None and "Constraints violated" in str(error):
                 # The sizes asked dynamic are fixed by the model: say which, in torch's words.
                 raise CaptureError(
@@ -186,31 +193,216 @@ def _dynamo(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
                     "dynamic_shapes (torch's suggested fixes above), or pass dynamic_shapes=None "
                     "for a graph of exactly the example's sizes."
                 ) from None
-            _raise_if_plain_export_works(model, args, kwargs, error)
+            if method == "dynamo":
+                _raise_if_plain_export_works(model, args, kwargs, error)
             text = str(error).strip()
             first = text.splitlines()[0] if text else type(error).__name__
+            tool = "dynamo" if method == "dynamo" else "torch.export (non-strict)"
             raise CaptureError(
-                f"dynamo could not capture {type(model).__name__} with the given example_inputs: "
-                f"{type(error).__name__}: {first} The model runs eagerly on these inputs "
-                f"(the cause is outside amprewrite). {_capture_advice(text, out)}"
+                f"{tool} could not capture {type(model).__name__} with the given "
+                f"example_inputs: {type(error).__name__}: {first} The model runs eagerly on "
+                f"these inputs (the cause is outside amprewrite). {_capture_advice(text, out)}"
             ) from None
-    src = exported.graph_module
-    graph = src.graph
-    annotate_dynamo_graph(graph)
-    names = tensor_names(model)
-    for node in graph.nodes:
-        if node.op == "get_attr":
-            obj = get_attr(src, str(node.target))
-            if isinstance(obj, torch.Tensor) and id(obj) in names:
-                node.target = names[id(obj)]
-    gm = rebuild(model, graph, lambda target: get_attr(src, target), DynamoGraphModule)
-    _release(src)
+    if method == "dynamo":
+        graph, resolve = src.graph, functools.partial(get_attr, src)
+        annotate_dynamo_graph(graph)
+        names = tensor_names(model)
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                obj = get_attr(src, str(node.target))
+                if isinstance(obj, torch.Tensor) and id(obj) in names:
+                    node.target = names[id(obj)]
+        owner = src
+    else:  # targets are the model's own qualified names already
+        graph, resolve, owner = src
+        _annotate_exported(graph, model)
+    gm = rebuild(model, graph, resolve, DynamoGraphModule)
+    _release(owner)
     _functions_as_calls(gm)
     gm._amp_captured_training = model.training
     gm._amp_inputs = InputGuard(gm, flat_inputs(gm, args, kwargs))
     add_input_check(gm)
     _operand_dtypes(gm, model)
     return gm
+
+
+def _export_nonstrict(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None
+                      ) -> tuple[fx.Graph, Callable[[str], object], fx.GraphModule]:
+    """Non-strict ``torch.export.export``: runs ``forward`` as Python on fake tensors (no
+    bytecode tracing, no guards), ATen-level ops. Returns the graph with parameters and
+    buffers as ``get_attr`` nodes named as in the model, how to resolve other targets, and
+    the module that owns the graph."""
+    with (warnings.catch_warnings(), _quiet_loggers(), _no_backend_choice(dynamic_shapes),
+          _keep_dim_marks((args, kwargs)), _release_export_state(), _custom_functions() as seen):
+        warnings.simplefilter("ignore")
+        registered = set(pytree.SUPPORTED_NODES)
+        # The structural copy as in _export: forward's attribute assignments land on it.
+        ep = torch.export.export(share_copy(model), args, kwargs, dynamic_shapes=dynamic_shapes,
+                                 strict=False)
+        for cls in set(pytree.SUPPORTED_NODES) - registered:
+            # torch.export registers output dataclasses itself, for the process; scope them to
+            # the graphs that return them, as amprewrite's own registrations are.
+            if dataclasses.is_dataclass(cls):
+                REGISTERED_OUTPUTS.setdefault(cls, 0)
+        if seen:
+            names = ", ".join(sorted({f"{c.__module__}.{c.__qualname__}" for c in seen}))
+            raise CaptureError(
+                f"capture='export' cannot capture {type(model).__name__}: it calls the custom "
+                f"autograd.Function {names}, and non-strict torch.export records only its "
+                "forward, so gradients through the graph would not be the Function's backward. "
+                "Use capture='dynamo' (the default), which keeps the Function."
+            )
+        if _writes_through_views(ep.graph_module):
+            # Writes through views, into inputs' views and into out= arguments: torch
+            # functionalizes them (one retrace), where the functionalize pass knows torch-level
+            # spellings of such writes, not ATen's. Plain in-place ops on fresh values and on
+            # buffers (BatchNorm's statistics, whose functional form would break its backward)
+            # stay for the pass.
+            ep = ep.run_decompositions({})
+            _refuse_parameter_writes(model, ep)
+        return _unlifted(ep)
+
+
+def _unlifted(ep: torch.export.ExportedProgram
+              ) -> tuple[fx.Graph, Callable[[str], object], fx.GraphModule]:
+    """``ep.module()``'s graph, made in place on the exported graph: parameters, buffers and
+    constants become ``get_attr`` nodes, writes into buffers and inputs ``copy_`` nodes, and
+    the graph takes the model's inputs. ``ep.module()`` does the same on a deep copy, recompiles
+    four times and adds input guards amprewrite replaces with its own: 18% of the export's
+    time on a 12-layer LLaMA. Programs outside the common case (effect tokens, script
+    objects, a functionalized program) take ``ep.module()``."""
+    from torch.export import _unlift
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    sig = ep.graph_signature
+    lifted = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    helpers = ("_unlift_inputs_as_getattr", "_insert_copy_for_mutations", "_get_codegen")
+    if (ep.verifiers[0].dialect != "TRAINING"
+            or any(s.kind not in (*lifted, InputKind.USER_INPUT) for s in sig.input_specs)
+            or not all(hasattr(_unlift, h) for h in helpers)):
+        gm = ep.module()
+        return gm.graph, functools.partial(get_attr, gm), gm
+    gm = ep.graph_module
+    writes = (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION,
+              OutputKind.PARAMETER_MUTATION)
+    attrs, inputs = _unlift._unlift_inputs_as_getattr(
+        gm, [s.target if s.kind in lifted else None for s in sig.input_specs])
+    _unlift._insert_copy_for_mutations(
+        gm, [s.target if s.kind in writes else None for s in sig.output_specs], attrs, inputs)
+    call = ep.module_call_graph[0].signature
+    gm.graph._codegen = _unlift._get_codegen(ep.call_spec.in_spec, ep.call_spec.out_spec,
+                                             call.forward_arg_names if call else None)
+    constants = ep.constants
+    return (gm.graph, lambda target: constants[target] if target in constants
+            else get_attr(gm, target), gm)
+
+
+def _refuse_parameter_writes(model: nn.Module, ep: torch.export.ExportedProgram) -> None:
+    """What the functionalize pass says of a dynamo graph that writes a parameter: params='low'
+    may store it low, and the copy back would run outside the model's no_grad block."""
+    from torch.export.graph_signature import OutputKind
+
+    values = ep.graph.output_node().args[0]
+    for spec, value in zip(ep.graph_signature.output_specs, values):
+        param = get_attr(model, spec.target, None) if spec.target else None
+        if (spec.kind == OutputKind.PARAMETER_MUTATION and isinstance(param, torch.Tensor)
+                and param.is_floating_point()):
+            where = M.source_line(value) if isinstance(value, fx.Node) else None
+            where = None if where and where.startswith("<") else where  # the retrace's own code
+            raise ModelError(
+                f"{type(model).__name__}.forward updates floating-point parameter "
+                f"'{spec.target}' in place{' at ' + where if where else ''}. amprewrite casts "
+                "parameters where they are read and may store them in low precision, so it "
+                "does not capture updates of them. Move the update out of forward (into the "
+                "training step, or a hook), or keep such state in a buffer."
+            )
+
+
+def _writes_through_views(gm: fx.GraphModule) -> bool:
+    """Does the exported graph write a tensor through a view, into an ``out=`` argument, or
+    inside a body (a ``no_grad`` block is a submodule)?"""
+    for mod in gm.modules():
+        for node in mod.graph.nodes if isinstance(mod, fx.GraphModule) else ():
+            target = node.target
+            if not (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+                    and target._schema.is_mutable):
+                continue
+            if mod is not gm:
+                return True
+            for i, arg in enumerate(target._schema.arguments):
+                if arg.alias_info is None or not arg.alias_info.is_write:
+                    continue
+                if arg.is_out:
+                    return True
+                value = node.kwargs.get(arg.name) if arg.kwarg_only or i >= len(node.args) \
+                    else node.args[i]
+                if _through_view(value):
+                    return True
+    return False
+
+
+def _through_view(value: object) -> bool:
+    """Is ``value`` a view of another tensor? Walked back through ``getitem`` (a view when it
+    picks from a view op's outputs, as ``split``'s; not from ``topk``'s) and in-place ops,
+    which return their input."""
+    viewed = False
+    while isinstance(value, fx.Node) and value.op == "call_function" and value.args:
+        target = value.target
+        if isinstance(target, torch._ops.OpOverload) and target.is_view:
+            viewed = True
+        elif not (target is operator.getitem or (isinstance(target, torch._ops.OpOverload)
+                                                 and target._schema.is_mutable)):
+            break
+        value = value.args[0]
+    return viewed
+
+
+@contextlib.contextmanager
+def _custom_functions() -> Iterator[set[type]]:
+    """Record the custom ``torch.autograd.Function`` classes applied inside the block.
+    Non-strict export traces a Function's forward like any code and drops its backward;
+    dynamo keeps the Function (``autograd_function_apply``)."""
+    function = torch.autograd.function.Function
+    original = function.__dict__["apply"]
+    seen: set[type] = set()
+
+    def apply(cls, *args, **kwargs):
+        # A custom op's registered autograd (torch.library) is a Function too, applied by the
+        # op itself; the graph keeps the op, and the op keeps its backward.
+        if not cls.__module__.startswith("torch._library"):
+            seen.add(cls)
+        return original.__func__(cls, *args, **kwargs)
+
+    function.apply = classmethod(apply)
+    try:
+        yield seen
+    finally:
+        function.apply = original
+
+
+# Nodes ep.module() adds that check what amprewrite checks itself or that a mixed-precision
+# graph must not: ``_guards_fn`` (the input guards; InputCheck replaces it) and
+# ``_assert_tensor_metadata`` (asserts the fp32 dtype a ``.to()`` saw while exporting).
+_EXPORT_CHECKS = ("_assert_tensor_metadata",)
+
+
+def _annotate_exported(graph: fx.Graph, model: nn.Module) -> None:
+    """:func:`annotate_dynamo_graph` for a non-strict export's graph, whose ``nn_module_stack``
+    names module types as strings: the types come from ``model``'s own submodules."""
+    for node in list(graph.nodes):
+        if ((node.op == "call_module" and str(node.target) == "_guards_fn")
+                or (node.op == "call_function"
+                    and getattr(node.target, "__name__", "").split(".")[0] in _EXPORT_CHECKS)):
+            graph.erase_node(node)
+    modules = dict(model.named_modules())
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        paths = [M.clean_module_path(e[0]) for e in stack.values()]
+        paths = [p for p in paths if p in modules]
+        node.meta[M.MODULE_PATH] = paths[-1] if paths else ""
+        node.meta[M.MODULE_TYPES] = tuple(type(modules[p]) for p in paths)
+        if node.op != "output":
+            node.meta[M.ORIG] = M.info_from_value(M.fake_value(node))
 
 
 def _functions_as_calls(gm: fx.GraphModule) -> None:
@@ -295,7 +487,8 @@ def _private_top_frame() -> Iterator[None]:
             reset(code)
 
 
-def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None):
+def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object = None
+            ) -> fx.GraphModule:
     with (warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit(),
           _private_top_frame(), _no_backend_choice(dynamic_shapes),
           _keep_dim_marks((args, kwargs)), _release_export_state()):
@@ -306,7 +499,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object 
         # marked dynamic (a re-capture for new sizes) or named in ``dynamic_shapes`` (the
         # batch, by default) stay symbolic.
         return torch._dynamo.export(share_copy(model), dynamic_shapes=dynamic_shapes,
-                                    assume_static_by_default=True)(*args, **kwargs)
+                                    assume_static_by_default=True)(*args, **kwargs).graph_module
 
 
 @contextlib.contextmanager
@@ -315,7 +508,13 @@ def _release_export_state() -> Iterator[None]:
     (``eval_frame.cached_backends``) gets the export's capturing compiler, a closure holding
     the export's graph, fake tensors and shape environment for the life of the process (3.5 MB
     per transform of the zoo GPT-2, with the caches below). The export's cache entries, the only
-    users of the entry, live on a private code object that dies with it (_private_top_frame)."""
+    users of the entry, live on a private code object that dies with it (_private_top_frame).
+    torch.export's tracer keeps a map from fake tensors to the placeholders of the last graph
+    it traced (``proxy_tensor._FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT``, emptied when the next
+    trace starts); a non-strict capture keeps that graph, so the map would keep the transformed
+    graph, and the model's weights with it, alive until the next export in the process."""
+    from torch.fx.experimental import proxy_tensor
+
     table = getattr(torch._dynamo.eval_frame, "cached_backends", None)
     before = set(table) if isinstance(table, dict) else None
     try:
@@ -324,6 +523,9 @@ def _release_export_state() -> Iterator[None]:
         if before is not None:
             for key in [k for k in table if k not in before]:
                 del table[key]
+        placeholders = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
+        if isinstance(placeholders, dict):
+            placeholders.clear()
         _clear_shape_caches()
 
 
@@ -384,7 +586,10 @@ def _no_backend_choice(dynamic_shapes: object) -> Iterator[None]:
 
 def _raise_if_own(model: nn.Module, exc: BaseException) -> None:
     """A failure raised by amprewrite's own code around the export (the structural copy, the
-    quiet loggers) is amprewrite's, not dynamo's: say so."""
+    quiet loggers) is amprewrite's, not dynamo's: say so. Errors amprewrite raises on purpose
+    pass through."""
+    if isinstance(exc, AmpRewriteError):
+        raise exc
     frames = traceback.extract_tb(exc.__traceback__)
     if frames and os.path.abspath(frames[-1].filename).startswith(_OWN_DIR):
         raise CaptureError(_own_failure(model, exc)) from exc
@@ -496,7 +701,9 @@ def _register_output_dataclasses(out: object) -> bool:
 
 def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
     """Dynamo's fake kernels accept ``linear(int_tensor, float_weight)``; eager PyTorch does not.
-    Say so at transform time instead of at the first call."""
+    Say so at transform time instead of at the first call. Only the two data operands are
+    compared (input and weight, a and b): later tensor arguments may be integer by design (a
+    grouped matmul's group offsets)."""
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
@@ -504,7 +711,7 @@ def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
         if family is None or not family.needs_float:
             continue
         infos = [M.info(a) for a in node.args if isinstance(a, fx.Node)]
-        dtypes = [i.dtype for i in infos if i.kind == "tensor" and i.dtype is not None]
+        dtypes = [i.dtype for i in infos if i.kind == "tensor" and i.dtype is not None][:2]
         if any(d.is_floating_point for d in dtypes) and any(not d.is_floating_point
                                                              for d in dtypes):
             path = node.meta.get(M.MODULE_PATH) or "the model"
@@ -602,16 +809,17 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     return Capture(new, gm.meta[REPORT_KEY].capture, training)
 
 
-def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: object = BATCH
-            ) -> Capture:
-    """Capture ``model``: symbolic trace without example inputs, dynamo export with them
-    (``dynamic_shapes`` as :func:`amprewrite.transform` takes it)."""
+def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: object = BATCH,
+            method: str = "dynamo") -> Capture:
+    """Capture ``model``: symbolic trace without example inputs; with them, ``method``
+    ``"dynamo"`` (dynamo export) or ``"export"`` (non-strict torch.export); ``dynamic_shapes``
+    as :func:`amprewrite.transform` takes it."""
     if isinstance(model, fx.GraphModule) and REPORT_KEY in model.meta:
         result = _recapture(model)
     elif example_inputs is None:
         result = Capture(_symbolic(model), "symbolic_trace", None)
     else:
         args, kwargs = split_inputs(example_inputs)
-        result = Capture(_dynamo(model, args, kwargs, dynamic_shapes), "dynamo",
+        result = Capture(_with_inputs(model, args, kwargs, dynamic_shapes, method), method,
                          model.training)
     return result

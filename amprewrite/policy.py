@@ -13,7 +13,13 @@ from torch import nn
 from .dtypes import low_dtype
 from .errors import PolicyError
 
-__all__ = ["Policy", "check_selectors", "parse_dtype"]
+__all__ = ["CAPTURES", "Policy", "check_selectors", "parse_dtype"]
+
+CAPTURES = {
+    "dynamo": "torch._dynamo.export, a graph of torch-level ops",
+    "export": "non-strict torch.export.export, an ATen-level graph",
+}
+"""``transform(capture=...)``'s values: how a model with example inputs is captured."""
 
 Selector = str | type
 """A module path (``"encoder.layer.0"``), a module type (``nn.LayerNorm``) or a family name."""
@@ -82,6 +88,8 @@ class Policy:
     # With example inputs: the sizes the graph serves, as torch.export's dynamic_shapes, or
     # "batch" (dimension 0 dynamic where the model allows it) or None (all static).
     dynamic_shapes: object = field(default="batch", hash=False)
+    # With example inputs: how the model is captured (see CAPTURES).
+    capture: Literal["dynamo", "export"] = "dynamo"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -125,6 +133,13 @@ class Policy:
                 "where the model allows it), None (every size static) or torch.export's "
                 "dynamic_shapes (a dict by argument name or a tuple by position of "
                 f"{{dim: torch.export.Dim(...)}}), got {self.dynamic_shapes!r}."
+            )
+        if self.capture not in CAPTURES:
+            raise PolicyError(
+                f"capture must be one of {', '.join(map(repr, CAPTURES))} "
+                f"({'; '.join(f'{k!r}: {v}' for k, v in CAPTURES.items())}), got "
+                f"{self.capture!r}. It applies with example_inputs; without them the model is "
+                "traced with torch.fx.symbolic_trace."
             )
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")

@@ -242,12 +242,14 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
     nodes (what :func:`amprewrite.check_numerics` reports).
 
     Nodes are matched by name between the fp32 captured graph and ``gm`` (amprewrite keeps the
-    names it captured). Every run starts from the same random state with random ops drawing as
-    in fp32, so a model in train mode is compared with equal dropout masks; buffers (BatchNorm
-    statistics) are restored after each run, so ``model`` ends as it began.
+    names it captured; the reference is captured the way ``gm`` was, ``capture=``). Every run
+    starts from the same random state with random ops drawing as in fp32, so a model in train
+    mode is compared with equal dropout masks; buffers (BatchNorm statistics) are restored after
+    each run, so ``model`` ends as it began.
     """
     inputs = example_inputs
-    ref_gm = capture(model, inputs).gm
+    policy = gm.meta.get(M.POLICY_KEY)  # capture the reference as gm was captured: same names
+    ref_gm = capture(model, inputs, method=getattr(policy, "capture", "dynamo")).gm
     with _replay(model, ref_gm, gm) as run:
         reference: dict[str, torch.Tensor] = run(_record, ref_gm, inputs)
         values: dict[str, torch.Tensor] = run(_record, gm, inputs)

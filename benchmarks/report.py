@@ -1,7 +1,7 @@
 """Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
 
-    python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|generate|inference|
-                                inference_compiled|report_page
+    python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|capture_llama|
+                                generate|inference|inference_compiled|report_page
 """
 
 from __future__ import annotations
@@ -57,7 +57,18 @@ def loops(device: str = "cpu") -> str:
 def capture() -> str:
     data = json.loads((RESULTS / "capture.json").read_text())
     return table(data["rows"], ["model", "nodes", "export_static_s", "transform_s", "capture_s",
-                                "passes_s", "ratio", "meets_goal"])
+                                "ratio", "meets_goal", "export_nonstrict_s",
+                                "export_nonstrict_batch_s", "capture_export_s",
+                                "capture_export_vs_nonstrict_batch", "low_nodes",
+                                "low_nodes_export", "err_export_vs_dynamo"])
+
+
+def capture_llama() -> str:
+    data = json.loads((RESULTS / "capture_llama.json").read_text())
+    return table(data["rows"], ["what", "seconds", "median_s", "capture_s", "capture_median_s",
+                                "passes_s", "capture_vs_nonstrict", "capture_vs_nonstrict_median",
+                                "capture_vs_nonstrict_batch",
+                                "capture_vs_nonstrict_batch_median"])
 
 
 def generate() -> str:
@@ -80,7 +91,8 @@ def report_page() -> str:
 
 
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
-          "loops": loops, "capture": capture, "generate": generate, "inference": inference,
+          "loops": loops, "capture": capture, "capture_llama": capture_llama,
+          "generate": generate, "inference": inference,
           "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page}
 
 if __name__ == "__main__":

@@ -473,14 +473,15 @@ def test_symbolic_trace_failure_names_the_assignment_not_control_flow():
     assert "example_inputs=" in msg and len(msg.splitlines()) == 1
 
 
-def test_an_exported_program_gets_the_advice_that_works():
-    """transform(ep) said to wrap a function in a module; it says to pass ep.module(), and
-    that works."""
+def test_an_exported_program_gives_an_exported_program():
+    """transform(ep) said to wrap a function in a module, then to pass ep.module(); it
+    transforms the program and returns one (tests/test_exported_program.py), and ep.module()
+    still gives a GraphModule."""
     model, x = nn.Sequential(nn.Linear(8, 8), nn.Softmax(-1)).eval(), torch.randn(2, 8)
     ep = torch.export.export(model, (x,))
-    with pytest.raises(ModelError, match=r"Pass ep\.module\(\)") as err:
-        amprewrite.transform(ep, torch.bfloat16)
-    assert "Wrap a plain function" not in str(err.value)
+    out = amprewrite.transform(ep, torch.bfloat16)
+    assert isinstance(out, torch.export.ExportedProgram)
     gm = amprewrite.transform(ep.module(), torch.bfloat16, example_inputs=(x,))
     with torch.no_grad():
+        assert rel_err(out.module()(x), model(x)) < 2e-2
         assert rel_err(gm(x), model(x)) < 2e-2

@@ -1,0 +1,168 @@
+"""ExportedProgram in, ExportedProgram out.
+
+``amprewrite.transform(ep, dtype)`` of a ``torch.export.ExportedProgram`` transforms the program's
+module (``ep.module()``, an ATen-level GraphModule) like any model, then exports the result again
+with the dynamic dimensions of ``ep``, so the program it returns takes the sizes ``ep`` takes and
+``torch.export.save``/``load`` and AOTInductor accept it (docs/guide.md, "Deploying"):
+
+- **inputs**: ``example_inputs`` if given, else the inputs ``ep`` was exported with
+  (``ep.example_inputs``, kept by ``torch.export.save``/``load``); a program without any gets
+  zero-filled inputs of its example sizes, enough to capture and export (an exported graph has
+  no branches on values) but not to verify on;
+- **dynamic shapes**: every input dimension ``ep`` holds as a symbol becomes a
+  ``torch.export.Dim`` with that symbol's range from ``ep.range_constraints`` (``2 * s0`` a
+  derived ``Dim``); the capture and the export again both use that spec.
+
+The registry classifies ATen ops by their base name (``aten::linear`` is ``F.linear``'s family),
+so the program gets the decisions the ``nn.Module`` gets.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from .capture import split_inputs
+from .report import POLICY_KEY, REPORT_KEY
+
+__all__ = ["ProgramInputs", "export_again", "is_exported_program", "program_inputs"]
+
+
+@dataclass
+class ProgramInputs:
+    """What a transform of an ExportedProgram runs on, and the sizes it serves."""
+
+    module: fx.GraphModule  # ep.module(): the program as a module of ATen ops
+    args: tuple
+    kwargs: dict
+    # torch.export's dynamic_shapes by argument name (None: every size static)
+    dynamic_shapes: dict | None
+    real: bool  # False: zero-filled inputs made from the program's example sizes
+
+    @property
+    def example_inputs(self) -> tuple | dict:
+        """The inputs in the form ``transform`` takes: a tuple, or a dict by argument name."""
+        if not self.kwargs:
+            return self.args
+        return dict(inspect.signature(self.module.forward).bind(*self.args,
+                                                                 **self.kwargs).arguments)
+
+
+def is_exported_program(obj: object) -> bool:
+    return isinstance(obj, torch.export.ExportedProgram)
+
+
+def program_inputs(ep: torch.export.ExportedProgram, example_inputs: object = None
+                   ) -> ProgramInputs:
+    """The module of ``ep``, the inputs to transform it on and its dynamic dimensions."""
+    module = ep.module()
+    # Its one pre-hook refuses a call that splits the inputs into positional and keyword ones
+    # otherwise than the export did; transform passes them all by name (a dict), which the
+    # module's own code flattens the same way. The transformed graph checks its inputs itself.
+    module._forward_pre_hooks.clear()
+    module._forward_pre_hooks_with_kwargs.clear()
+    # export asserts the dtype every ``.to()`` saw (fp32); in the mixed-precision graph those
+    # values may be stored low, and each assert would cost an fp32 copy to keep it true. The
+    # export again asserts what the new graph's own conversions see.
+    for node in module.graph.find_nodes(op="call_function",
+                                        target=torch.ops.aten._assert_tensor_metadata.default):
+        module.graph.erase_node(node)
+    module.recompile()
+    real = True
+    if example_inputs is not None:
+        args, kwargs = split_inputs(example_inputs)
+    elif ep.example_inputs is not None:
+        args, kwargs = ep.example_inputs
+    else:
+        args, kwargs = _made_inputs(ep)
+        real = False
+    return ProgramInputs(module, tuple(args), dict(kwargs), _dynamic_shapes(ep, module), real)
+
+
+def export_again(gm: fx.GraphModule, inputs: ProgramInputs, dynamic_shapes: object
+                 ) -> torch.export.ExportedProgram:
+    """The transformed graph as an ExportedProgram, exported on ``inputs`` with
+    ``dynamic_shapes``; ``amprewrite.report`` reads the transform's report from it."""
+    ep = torch.export.export(gm, inputs.args, inputs.kwargs, dynamic_shapes=dynamic_shapes,
+                             strict=False)
+    for key in (REPORT_KEY, POLICY_KEY):
+        if key in gm.meta:
+            ep.graph_module.meta[key] = gm.meta[key]
+    return ep
+
+
+def _user_inputs(ep: torch.export.ExportedProgram) -> list[object]:
+    """The program's flat user inputs: fake tensors, SymInts or constants, in call order."""
+    kinds = torch.export.graph_signature.InputKind
+    values = {n.name: n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"}
+    out = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind != kinds.USER_INPUT:
+            continue
+        name = getattr(spec.arg, "name", None)
+        out.append(values.get(name) if name in values else getattr(spec.arg, "value", None))
+    return out
+
+
+def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) -> dict | None:
+    """``{argument: {dim: Dim}}`` for every input dimension ``ep`` holds as a symbol."""
+    dims: dict[sympy.Symbol, torch.export.Dim] = {}
+
+    def dim_of(expr: sympy.Expr) -> object:
+        if expr.is_number:
+            return None
+        if len(expr.free_symbols) != 1:
+            return torch.export.Dim.DYNAMIC  # torch.export infers its relation again
+        (sym,) = expr.free_symbols
+        if sym not in dims:
+            vr = ep.range_constraints.get(sym)
+            lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
+            hi = int(vr.upper) if vr is not None and vr.upper.is_finite else None
+            dims[sym] = torch.export.Dim(str(sym), min=lo, max=hi)
+        root = dims[sym]
+        scale, offset = expr.coeff(sym), expr.subs(sym, 0)
+        if expr == sym:
+            return root
+        if (sympy.expand(scale * sym + offset - expr) == 0 and scale.is_Integer
+                and offset.is_Integer):
+            return root * int(scale) + int(offset)
+        return torch.export.Dim.DYNAMIC
+
+    leaves = []
+    for value in _user_inputs(ep):
+        spec = None
+        if isinstance(value, torch.Tensor):
+            spec = {i: d for i, s in enumerate(value.shape) if isinstance(s, torch.SymInt)
+                    and (d := dim_of(s.node.expr)) is not None} or None
+        leaves.append(spec)
+    if not dims:
+        return None
+    args, kwargs = pytree.tree_unflatten(leaves, ep.call_spec.in_spec)
+    return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+
+
+def _made_inputs(ep: torch.export.ExportedProgram) -> tuple[tuple, dict]:
+    """Zero-filled inputs of the program's example sizes (the size hint of a dynamic one, else
+    the smallest size of its range above 1), for a program that keeps no example inputs."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    def size(s: object) -> int:
+        if isinstance(s, int):
+            return s
+        vr = ep.range_constraints.get(s.node.expr)
+        return optimization_hint(s, fallback=max(int(vr.lower) if vr is not None else 2, 2))
+
+    def make(value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            return torch.zeros([size(s) for s in value.shape], dtype=value.dtype,
+                               device=value.device)
+        if isinstance(value, torch.SymInt):
+            return size(value)
+        return value
+
+    return pytree.tree_unflatten([make(v) for v in _user_inputs(ep)], ep.call_spec.in_spec)

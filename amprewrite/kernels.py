@@ -379,6 +379,36 @@ class _Derived:
         self.node = node
 
 
+def _collect_ints(a: object, t: _Template) -> None:
+    """The ints among ``a``'s leaves into ``t.ints`` and ``t.consts`` (what
+    ``pytree.tree_leaves`` found, without its per-leaf dispatch: ~10 us a node)."""
+    if isinstance(a, (list, tuple)):  # torch.Size and namedtuples too, as pytree
+        for x in a:
+            _collect_ints(x, t)
+    elif isinstance(a, dict):
+        for x in a.values():
+            _collect_ints(x, t)
+    elif isinstance(a, int) and not isinstance(a, bool):
+        t.ints.append(a)
+        t.consts.add(a)
+
+
+def _const_key(a: object) -> object:
+    """``_descriptor`` of ``a`` with probe slots and derived sizes as None (what
+    ``_descriptor(pytree.tree_map(...))`` gave)."""
+    if isinstance(a, (_Slot, _Derived)):
+        return None
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, *(_const_key(x) for x in a))
+    if isinstance(a, dict):
+        return tuple(sorted((k, _const_key(v)) for k, v in a.items()))
+    try:
+        hash(a)
+        return a
+    except TypeError:
+        return repr(a)
+
+
 class _Template:
     """The node's arguments with tensors described (dtype, known shape) for probe inputs."""
 
@@ -443,15 +473,10 @@ class _Template:
         t.kwargs = fx.node.map_arg(node.kwargs, describe)
         if not t.tensors:
             t.problem = t.problem or "no tensor argument to probe with"
-        for c in pytree.tree_leaves((t.args, t.kwargs)):
-            if isinstance(c, int) and not isinstance(c, bool):
-                t.ints.append(c)
-                t.consts.add(c)
+        _collect_ints((t.args, t.kwargs), t)
         # Coarse key: tensors by dtype and rank, sizes the graph computes by how it computes
         # them, constants by value; the example's shapes and sizes go into the fine key.
-        t.key = (tuple(structure), _descriptor(pytree.tree_map(
-            lambda a: None if isinstance(a, (_Slot, _Derived)) else a, (t.args, t.kwargs),
-            is_leaf=lambda a: isinstance(a, (_Slot, _Derived)))))
+        t.key = (tuple(structure), _const_key((t.args, t.kwargs)))
         t.fine = (tuple(s for _, s in t.tensors), repr(t.hints))
         return t
 

@@ -251,6 +251,13 @@ class _Functionalizer:
                 self._track(node)
         return self.changed
 
+    def modules_only(self) -> bool:
+        """What :meth:`run` changes in a graph where no node writes in place: the leaf
+        modules built with ``inplace=True`` (no alias needs tracking)."""
+        for node in M.each_node(self.graph, "call_module"):
+            self._module(node)
+        return self.changed
+
     def _refresh_inputs(self, node: fx.Node) -> None:
         for a in list(node.all_input_nodes):
             if a in self.st.root and self._stale(a):
@@ -483,4 +490,7 @@ class Functionalize(Pass):
     writes = (M.ORIG,)
 
     def run(self, gm: fx.GraphModule) -> bool:
-        return _Functionalizer(gm).run()
+        walk = _Functionalizer(gm)
+        if not any(_write_of(n) is not None for n in gm.graph.nodes):
+            return walk.modules_only()
+        return walk.run()

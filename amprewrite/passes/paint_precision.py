@@ -86,8 +86,9 @@ class PaintPrecision(Pass):
             self._classify(gm, node, low)
         self._cones(gm)
         self._static(gm)
-        for node in M.each_node(gm.graph):
-            self._override(node)
+        if self.policy.keep_fp32 or self.policy.allow_low:
+            for node in M.each_node(gm.graph):
+                self._override(node)
         self._probe_kernels(gm, low)
         self._mixed(gm, low)
         self._note_unknown(gm)
@@ -203,6 +204,9 @@ class PaintPrecision(Pass):
         fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
         if fam is not None and fam.positions:
             return True  # arange(..., dtype=float), linspace: positions born as floats
+        if not any(info(a).is_int or (info(a).kind == "tensor" and info(a).dtype is None)
+                   for a in node.all_input_nodes):
+            return False  # what follows needs an integer input (or one of unknown dtype)
         numbers = number_inputs(node)
         if numbers is not None:
             if is_conversion(node) and any(info(a).kind == "tensor" and info(a).dtype is None

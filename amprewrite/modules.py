@@ -134,6 +134,14 @@ def install_tensors(gm: nn.Module, model: nn.Module) -> None:
                 set_attr(gm, name, b, persistent=b_name not in mod._non_persistent_buffers_set)
 
 
+def _persistent(model: nn.Module, qualname: str) -> bool:
+    """Whether ``model``'s buffer at ``qualname`` is in its state dict (True for anything else):
+    a non-persistent buffer (LLaMA's rotary ``inv_freq``) stays one in the graph module."""
+    *path, leaf = qualname.split(".")
+    owner = get_attr(model, ".".join(path), None) if path else model
+    return not (isinstance(owner, nn.Module) and leaf in owner._non_persistent_buffers_set)
+
+
 def rebuild(model: nn.Module, graph: fx.Graph, resolve: Callable[[str], object],
             cls: type[fx.GraphModule]) -> fx.GraphModule:
     """A GraphModule over ``graph`` holding the model's tensors under their original names:
@@ -148,6 +156,10 @@ def rebuild(model: nn.Module, graph: fx.Graph, resolve: Callable[[str], object],
             set_attr(root, target, get_attr(model, target) if has_attr(model, target)
                      else resolve(target))
     gm = cls(root, graph, class_name=type(model).__name__)
+    for node in graph.nodes:  # GraphModule registers every buffer it copies as persistent
+        if node.op == "get_attr" and not _persistent(model, str(node.target)):
+            *path, leaf = str(node.target).split(".")
+            gm.get_submodule(".".join(path))._non_persistent_buffers_set.add(leaf)
     install_tensors(gm, model)
     gm.train(model.training)
     return gm

@@ -358,3 +358,29 @@ def test_a_selector_that_selects_no_node_is_reported():
     assert not any("keep_fp32='used'" in n for n in notes)
     linear = [d for d in amprewrite.report(gm).decisions if d.family == "linear"]
     assert [d.precision for d in linear] == ["fp32"]
+
+
+@pytest.mark.parametrize("capture", ["symbolic", "dynamo", "export"])
+def test_a_non_persistent_buffer_stays_out_of_the_state_dict(capture):
+    """A buffer registered with ``persistent=False`` (LLaMA's rotary ``inv_freq``) that the
+    graph reads stays non-persistent: ``gm.state_dict()`` has exactly the model's keys, and
+    each loads into the other (GraphModule registers the buffers it copies as persistent)."""
+
+    class Rotary(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+            self.register_buffer("inv_freq", torch.rand(8), persistent=False)
+
+        def forward(self, x):
+            return self.fc(x) * self.inv_freq
+
+    model = Rotary()
+    x = torch.randn(2, 8)
+    kw = ({"verify": False} if capture == "symbolic"
+          else {"example_inputs": (x,), "capture": capture})
+    gm = amprewrite.transform(model, torch.bfloat16, **kw)
+    assert any(n.op == "get_attr" and n.target == "inv_freq" for n in gm.graph.nodes)
+    assert gm.state_dict().keys() == model.state_dict().keys() == {"fc.weight", "fc.bias"}
+    gm.load_state_dict(model.state_dict())
+    model.load_state_dict(gm.state_dict())

@@ -45,6 +45,11 @@ def _policy(options: Mapping[str, object]) -> tuple[Policy, Inner]:
             f"unknown amprewrite backend option(s) {unknown}; valid: "
             f"{sorted(_POLICY_FIELDS | {'inner'})}."
         )
+    if opts.get("capture", "dynamo") != "dynamo":
+        raise PolicyError(
+            "the torch.compile backend is handed the graph dynamo captured, so capture= has no "
+            "meaning here; capture='export' is an option of amprewrite.transform(model, "
+            "example_inputs=..., capture='export').")
     if opts.get("params", "fp32") != "fp32":
         raise PolicyError(
             "the torch.compile backend receives parameters as graph inputs and casts them in "

@@ -121,6 +121,7 @@ def test_options_through_torch_compile():
     ({"dtype": "fp8"}, "bfloat16 or float16"),
     ({"dtyp": "bf16"}, "unknown amprewrite backend option"),
     ({"params": "low"}, "params='low' needs amprewrite.transform"),
+    ({"capture": "export"}, "capture= has no meaning here"),
 ])
 def test_bad_options_are_clear(options, match):
     with pytest.raises(amprewrite.PolicyError, match=match):

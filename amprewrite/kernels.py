@@ -74,12 +74,15 @@ def _shape_of(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(int(s) for s in shape)  # type: ignore[arg-type]
 
 
-def _descriptor(a: object) -> object:
-    """Hashable structure of a constant argument, for the cache key."""
+def _descriptor(a: object, blank: tuple[type, ...] = ()) -> object:
+    """Hashable structure of a constant argument, for the cache key; instances of ``blank``
+    (the probe's slots and derived sizes) as None."""
+    if blank and isinstance(a, blank):
+        return None
     if isinstance(a, (list, tuple)):
-        return (type(a).__name__, *(_descriptor(x) for x in a))
+        return (type(a).__name__, *(_descriptor(x, blank) for x in a))
     if isinstance(a, dict):
-        return tuple(sorted((k, _descriptor(v)) for k, v in a.items()))
+        return tuple(sorted((k, _descriptor(v, blank)) for k, v in a.items()))
     try:
         hash(a)
         return a
@@ -393,22 +396,6 @@ def _collect_ints(a: object, t: _Template) -> None:
         t.consts.add(a)
 
 
-def _const_key(a: object) -> object:
-    """``_descriptor`` of ``a`` with probe slots and derived sizes as None (what
-    ``_descriptor(pytree.tree_map(...))`` gave)."""
-    if isinstance(a, (_Slot, _Derived)):
-        return None
-    if isinstance(a, (list, tuple)):
-        return (type(a).__name__, *(_const_key(x) for x in a))
-    if isinstance(a, dict):
-        return tuple(sorted((k, _const_key(v)) for k, v in a.items()))
-    try:
-        hash(a)
-        return a
-    except TypeError:
-        return repr(a)
-
-
 class _Template:
     """The node's arguments with tensors described (dtype, known shape) for probe inputs."""
 
@@ -476,7 +463,7 @@ class _Template:
         _collect_ints((t.args, t.kwargs), t)
         # Coarse key: tensors by dtype and rank, sizes the graph computes by how it computes
         # them, constants by value; the example's shapes and sizes go into the fine key.
-        t.key = (tuple(structure), _const_key((t.args, t.kwargs)))
+        t.key = (tuple(structure), _descriptor((t.args, t.kwargs), (_Slot, _Derived)))
         t.fine = (tuple(s for _, s in t.tensors), repr(t.hints))
         return t
 

@@ -141,13 +141,21 @@ def report(gm: fx.GraphModule | torch.export.ExportedProgram) -> Report:
     return rep
 
 
+def region_bodies(gm: fx.GraphModule) -> dict[fx.Node, fx.GraphModule]:
+    """The body of each ``runtime.recompute`` call of ``gm`` (recompute_islands), by call node."""
+    return {n: gm.get_submodule(str(n.args[0].target)) for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is runtime.recompute
+            and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"}
+
+
 def _nodes_with_bodies(gm: fx.GraphModule):
     """The graph's nodes, each ``runtime.recompute`` call followed by its body's ops."""
+    bodies = region_bodies(gm)
     for node in gm.graph.nodes:
         yield node
-        if node.op == "call_function" and node.target is runtime.recompute:
-            body = gm.get_submodule(str(node.args[0].target))
-            yield from (n for n in body.graph.nodes if n.op not in ("placeholder", "output"))
+        if node in bodies:
+            yield from (n for n in bodies[node].graph.nodes
+                        if n.op not in ("placeholder", "output"))
 
 
 def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:

@@ -176,15 +176,16 @@ class _Fp32Norm(torch.autograd.Function):
         return None, None if dx is None else dx.to(x.dtype), None, dw, db, None
 
 
+_NORMS = {"group": torch.nn.functional.group_norm, "layer": torch.nn.functional.layer_norm}
+
+
 def _norm_island(kind: str, input: torch.Tensor, arg, weight, bias, eps: float) -> torch.Tensor:
-    fn = torch.nn.functional.group_norm if kind == "group" else torch.nn.functional.layer_norm
-    return fn(input.float(), arg, weight, bias, eps).to(input.dtype)
+    return _NORMS[kind](input.float(), arg, weight, bias, eps).to(input.dtype)
 
 
 def _fp32_norm(kind: str, input: torch.Tensor, arg, weight, bias, eps: float) -> torch.Tensor:
     if input.dtype == torch.float32 or input.dtype == torch.float64:
-        fn = torch.nn.functional.group_norm if kind == "group" else torch.nn.functional.layer_norm
-        return fn(input, arg, weight, bias, eps)
+        return _NORMS[kind](input, arg, weight, bias, eps)
     if torch.compiler.is_compiling():
         # Under torch.compile the partitioner, handed the Function, kept the fp32 copy (the
         # backward's upcast merged with the forward's): a checkpointed island keeps the low

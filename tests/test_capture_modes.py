@@ -26,6 +26,7 @@ from amprewrite.ops import Precision
 from amprewrite.testing import zoo
 
 from .helpers import LOW_DTYPES, unchanged
+from .passes.test_functionalize import ParamWrite
 
 UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 
@@ -189,19 +190,8 @@ def test_writes_through_views_are_functionalized_by_torch():
     assert rel_err(out.float(), ref) <= 1.1 * auto + 2 * UNIT[torch.bfloat16]
 
 
-class WritesParameter(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l = nn.Linear(4, 4)
-
-    def forward(self, x):
-        with torch.no_grad():
-            self.l.weight[0].mul_(0.5)
-        return self.l(x)
-
-
 def test_a_write_into_a_parameter_is_refused():
-    model = WritesParameter()
+    model = ParamWrite()  # writes into its Linear's weight under no_grad
     with unchanged(model), pytest.raises(amprewrite.ModelError,
                                          match=r"updates floating-point parameter 'l\.weight'"):
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(2, 4),),

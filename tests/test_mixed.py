@@ -491,3 +491,18 @@ def test_squeeze_excite_hardswish_net_within_autocasts_error(dtype):
             auto = model(x)
         assert rel_err(gm(x), ref) <= 1.1 * rel_err(auto, ref), (rel_err(gm(x), ref),
                                                                    rel_err(auto, ref))
+
+
+@pytest.mark.parametrize("norm", ["layer", "group"])
+def test_fp32_helper_exports(norm, monkeypatch):
+    """A graph whose norm runs the helper exports with ``torch.export`` (the Function traced
+    through its forward) and the program gives the graph's outputs bit for bit."""
+    model = LinearNormLinear(norm).eval()
+    x = torch.randn(2, 16, 5) if norm == "group" else torch.randn(2, 5, 16)
+    _no_low_io(monkeypatch)
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,))
+    (n,) = by_family(gm, f"{norm}_norm")
+    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    program = torch.export.export(gm, (x,)).module()
+    with torch.no_grad():
+        assert torch.equal(program(x), gm(x))

@@ -28,19 +28,12 @@ from .. import meta as M
 from .. import runtime
 from ..meta import HIGH, LOW
 from ..ops import Precision, is_pointwise, kept_for_backward
-from ..report import record
+from ..report import record, region_bodies
 from .base import Kind, Pass
 
 __all__ = ["RecomputeIslands", "region_bodies"]
 
 PREFIX = "amp_recompute_"
-
-
-def region_bodies(gm: fx.GraphModule) -> dict[fx.Node, fx.GraphModule]:
-    """The body of each ``runtime.recompute`` call of ``gm``, by call node."""
-    return {n: gm.get_submodule(str(n.args[0].target)) for n in gm.graph.nodes
-            if n.op == "call_function" and n.target is runtime.recompute
-            and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"}
 
 
 def _bytes(node: fx.Node, low: torch.dtype) -> int:

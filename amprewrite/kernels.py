@@ -244,34 +244,45 @@ def _probe_mixed(fn: Callable, template: _Template, signature: Mixed, dtype: tor
                                and t.is_floating_point() else t, fn(*args, **kwargs))
 
     eps = torch.finfo(dtype).eps
-    template.slot_floats = {data: 64.0}
+
+    def twice(shapes, backward: bool):
+        """The same values twice: the low data input upcast (an fp32 copy), and as is."""
+        template.slot_dtype = {data: dtype}
+        try:
+            template.upcast = {data}
+            try:
+                ref = _run(island, template, shapes, torch.float32, device, backward, True)
+            except Exception:
+                template.grad_only = {data}  # a running statistic cannot take a grad
+                ref = _run(island, template, shapes, torch.float32, device, backward, True)
+            template.upcast = set()
+            return ref, _run(call, template, shapes, torch.float32, device, backward, True)
+        finally:
+            template.upcast, template.grad_only = set(), None
+
     try:
         with disable_modes(), torch.enable_grad():
             for shapes in template.candidates():
-                template.slot_dtype = {}
+                template.slot_dtype, template.slot_floats = {}, {}
                 try:
                     _run(fn, template, shapes, torch.float32, device, False)
                 except Exception:
                     continue  # not a valid call even in fp32: the next candidate
-                # The same values twice: the low data input upcast (an fp32 copy), and as is.
-                template.slot_dtype = {data: dtype}
                 try:
-                    template.upcast = {data}
-                    try:
-                        ref, ref_grads = _run(island, template, shapes, torch.float32, device,
-                                              True)
-                    except Exception:
-                        template.grad_only = {data}  # a running statistic cannot take a grad
-                        ref, ref_grads = _run(island, template, shapes, torch.float32, device,
-                                              True)
-                    template.upcast = set()
-                    out, grads = _run(call, template, shapes, torch.float32, device, True)
+                    # The forward on a data input of large mean (a kernel that accumulates in
+                    # the low dtype fails); the backward on one of mean 1, where the fp32
+                    # island's own gradients are accurate: at mean 64, cancellation puts the
+                    # island's fp32 weight gradients 0.3-0.7 eps (fp16) off float64's, so two
+                    # fp32-accurate kernels differ by that much (fp16 group_norm, measured).
+                    template.slot_floats = {data: 64.0}
+                    (ref, _), (out, _) = twice(shapes, False)
+                    template.slot_floats = {}
+                    (ref_small, ref_grads), (out_small, grads) = twice(shapes, True)
                 except Exception as exc:
                     return f"{name} not taken on {device} ({_first_line(exc)})"
-                finally:
-                    template.upcast, template.grad_only = set(), None
                 if not ref:
                     continue
+                ref, out = ref + ref_small, out + out_small
                 if len(out) != len(ref) or any(o.dtype != want for o in out):
                     got = sorted({str(o.dtype).replace("torch.", "") for o in out})
                     return f"{name}: the kernel on {device} returns {', '.join(got)}"
@@ -670,9 +681,13 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
 
 
-def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: bool):
+def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: bool,
+         normal_grads: bool = False):
     # Without a backward the tensors don't require grad: an argument that can't
-    # (soft_margin_loss's target) then raises nothing.
+    # (soft_margin_loss's target) then raises nothing. normal_grads: output weights of
+    # 1 / sqrt(numel) rather than 1 / numel, so that a low-dtype gradient stays out of fp16's
+    # subnormal range (a probe that compares roundings; fp16 training scales its loss for the
+    # same reason), while a sum over every output still cannot overflow.
     args, kwargs, leaves = template.build(shapes, dtype, device, grad=backward)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -683,7 +698,8 @@ def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: boo
         # Random output weights (a plain sum has a zero gradient through softmax-like ops), of
         # total 1 so that a backward that accumulates many outputs cannot overflow fp16.
         g = torch.Generator().manual_seed(1)
-        total = sum((o * ((torch.rand(o.shape, generator=g) + 0.5) / max(o.numel(), 1))
+        total = sum((o * ((torch.rand(o.shape, generator=g) + 0.5)
+                          / (math.sqrt(max(o.numel(), 1)) if normal_grads else max(o.numel(), 1)))
                      .to(device=o.device, dtype=o.dtype)).sum()
                     for o in outs if o.requires_grad)
         grads = torch.autograd.grad(total, [t for t in leaves if t.requires_grad],

@@ -692,9 +692,9 @@ _IFFT_REAL = ["fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", 
 # bit-equal to the fp32 copy's). The probe still confirms them per device before use: CUDA
 # layer_norm and group_norm refuse a low input with fp32 weights (benchmarks/kernel_probe.py).
 _NORM = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO,)}
-# Group and layer norm: on CPU layer_norm's backward sums the weight gradients in the low dtype
-# and fp16 group_norm's is off at some shapes; on CUDA both refuse a low input with fp32 weights.
-# Where the probe refuses LOW_IO, the runtime helper gives the same bytes.
+# Group and layer norm: on CPU layer_norm's backward sums the weight gradients in the low dtype;
+# on CUDA both refuse a low input with fp32 weights. Where the probe refuses LOW_IO, the runtime
+# helper gives the same saved bytes (it writes an fp32 copy it does not keep).
 _NORM_HELPER = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO, Mixed.FP32_HELPER)}
 _DTYPE_ARG = {"accumulate": torch.float32, "mixed": (Mixed.DTYPE_ARG,)}
 

@@ -205,6 +205,9 @@ class Family:
     # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
     # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
     op_names: tuple[str, ...] = ()
+    # Its backward needs its float input, so autograd keeps it (a max pooling, a norm; a LOW
+    # family, a matmul or a conv, always does): the memory plan's estimate (kept_for_backward).
+    keeps_input: bool = False
 
 
 # --- spellings ----------------------------------------------------------------------------------
@@ -691,11 +694,12 @@ _IFFT_REAL = ["fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", 
 # the norms' output is bit-equal to the fp32 result rounded once; dtype=float32 reductions are
 # bit-equal to the fp32 copy's). The probe still confirms them per device before use: CUDA
 # layer_norm and group_norm refuse a low input with fp32 weights (benchmarks/kernel_probe.py).
-_NORM = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO,)}
+_NORM = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO,), "keeps_input": True}
 # Group and layer norm: on CPU layer_norm's backward sums the weight gradients in the low dtype;
 # on CUDA both refuse a low input with fp32 weights. Where the probe refuses LOW_IO, the runtime
 # helper gives the same saved bytes (it writes an fp32 copy it does not keep).
-_NORM_HELPER = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO, Mixed.FP32_HELPER)}
+_NORM_HELPER = {"accumulate": torch.float32, "mixed": (Mixed.LOW_IO, Mixed.FP32_HELPER),
+                "keeps_input": True}
 _DTYPE_ARG = {"accumulate": torch.float32, "mixed": (Mixed.DTYPE_ARG,)}
 
 _TABLE: list[Family] = [
@@ -748,7 +752,7 @@ _TABLE: list[Family] = [
         **_NORM_HELPER,
         lower={nn.LayerNorm: lambda m, x, attr: (F.layer_norm, (
             x, m.normalized_shape, attr("weight"), attr("bias"), m.eps), {})}),
-    _op("rms_norm", H, ["rms_norm"], modules=["RMSNorm"],
+    _op("rms_norm", H, ["rms_norm"], modules=["RMSNorm"], keeps_input=True,
         lower={nn.RMSNorm: lambda m, x, attr: (F.rms_norm, (
             x, m.normalized_shape, attr("weight"), m.eps), {})} if hasattr(nn, "RMSNorm") else {}),
     _op("local_response_norm", H, ["local_response_norm"],
@@ -910,7 +914,7 @@ _TABLE: list[Family] = [
                         "max_pool2d_with_indices", "max_pool3d_with_indices",
                         "adaptive_max_pool1d_with_indices", "adaptive_max_pool2d_with_indices",
                         "adaptive_max_pool3d_with_indices", "fractional_max_pool2d_with_indices",
-                        "fractional_max_pool3d_with_indices"],
+                        "fractional_max_pool3d_with_indices"], keeps_input=True,
         modules=["MaxPool1d", "MaxPool2d", "MaxPool3d", "AdaptiveMaxPool1d",
                  "AdaptiveMaxPool2d", "AdaptiveMaxPool3d", "MaxUnpool1d", "MaxUnpool2d",
                  "MaxUnpool3d", "FractionalMaxPool2d", "FractionalMaxPool3d"]),
@@ -1322,19 +1326,28 @@ _KEEPS_OPERANDS = frozenset({"mul", "div", "truediv", "true_divide", "multiply",
 
 
 def kept_for_backward(node: fx.Node) -> int:
-    """How many tensors the size of its output autograd keeps for a pointwise ``node``'s
-    backward: 0 for a sum or difference and for scaling by a number, 2 for a product or
+    """How many tensors the size of its output autograd keeps for ``node``'s backward. For a
+    pointwise op: 0 for a sum or difference and for scaling by a number, 2 for a product or
     quotient of two tensors, 1 for the rest (``exp``/``tanh`` keep their output, ``pow``/``gelu``
-    their input). An estimate for the memory plan (``recompute_islands``).
+    their input). For another op: 1 where its family keeps its input (a LOW family: matmul,
+    conv; ``Family.keeps_input``: a norm, a max pooling) or is unknown, 0 for the rest (views,
+    ``cat``, padding, indexing). An estimate for the memory plan (``recompute_islands``,
+    ``plan_casts`` in training).
 
     >>> from torch import fx
     >>> import operator
     >>> g = fx.Graph(); x, y = g.placeholder("x"), g.placeholder("y")
     >>> [kept_for_backward(g.call_function(f, a)) for f, a in
     ...  ((operator.add, (x, y)), (operator.mul, (x, 2.0)), (operator.mul, (x, y)),
-    ...   (torch.tanh, (x,)))]
-    [0, 0, 2, 1]
+    ...   (torch.tanh, (x,)), (torch.cat, ([x, y],)), (torch.matmul, (x, y)))]
+    [0, 0, 2, 1, 0, 1]
     """
+    if not is_pointwise(node):
+        fam = family_of(node) if node.op in ("call_function", "call_method", "call_module") \
+            else None
+        if fam is None:
+            return int(node.op in ("call_function", "call_method", "call_module"))
+        return int(fam.precision == Precision.LOW or fam.keeps_input)
     name = (op_qualname(node.target) or op_name(node)).split("::")[-1].split(".")[0]
     name = name.strip("_").removeprefix("r") if name.startswith("__") else name
     tensors = sum(1 for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node))

@@ -14,7 +14,13 @@ stored. The free labels are chosen by a minimum s-t cut (networkx), where
 - a value whose natural precision is high may become low only if none of its consumers needs it
   high (infinite edges): that would be a low->high round trip that loses precision;
 - a tiny cost keeps a free node at its natural label when the cut is otherwise indifferent
-  (a LOW_IO node: fp32, when that costs no more bytes).
+  (a LOW_IO node: fp32, when that costs no more bytes);
+- in training (``gm.training``), the bytes autograd keeps for backward count too: a free node
+  that keeps a tensor of its output's size (``relu`` keeps its output, ``x * y`` both operands)
+  costs ``numel * (4 - low itemsize)`` more per kept tensor when it runs fp32, and a cast whose
+  readers keep their input (a conv, a matmul, an fp32 norm) costs the bytes of its output once
+  more. So ``batch_norm -> relu -> conv`` with an fp32 BatchNorm casts before the relu (which
+  then keeps a low output), where the bytes moved alone are indifferent.
 
 Only free nodes connected through shared values interact, so the graph is cut per connected
 component of free nodes: the work grows linearly with the graph.
@@ -29,7 +35,7 @@ from torch import fx
 
 from . import meta as M
 from .meta import HIGH, LOW, info
-from .ops import Mixed, Precision, reads_values
+from .ops import Mixed, Precision, is_pointwise, kept_for_backward, reads_values
 
 __all__ = ["float_inputs", "plan_labels", "requirement"]
 
@@ -54,7 +60,10 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
         mixed = consumer.meta.get(M.MIXED)
         if mixed is not None and _reads_as_data(consumer, value):
             if mixed is Mixed.DTYPE_ARG:
-                return None  # reads either dtype: dtype=torch.float32 when it is low
+                # Reads either dtype (dtype=torch.float32 when it is low) -- without rounding
+                # only a value whose numbers are low ones (``x_low.float()``): another fp32
+                # value must stay fp32 for it.
+                return None if _holds_low_numbers(value) else HIGH
             return consumer.meta.get(M.LABEL, consumer.meta[M.NATURAL])  # LOW_IO: as stored
         return HIGH
     if cls == Precision.PROMOTE:
@@ -72,6 +81,18 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     if orig == low_dtype:
         return LOW
     return None
+
+
+def _holds_low_numbers(value: fx.Node, depth: int = 16) -> bool:
+    """Is every number of ``value`` one the low dtype holds exactly: a value low by nature, or
+    a NEUTRAL op (an upcast, a view, a copy: exact) of such values only? Then reading it low
+    rounds nothing. Factories and deeper chains than ``depth``: no."""
+    if value.meta.get(M.NATURAL) == LOW:
+        return True
+    if depth == 0 or value.meta.get(M.CLASS) != Precision.NEUTRAL:
+        return False
+    inputs = float_inputs(value)
+    return bool(inputs) and all(_holds_low_numbers(i, depth - 1) for i in inputs)
 
 
 def _reads_as_data(consumer: fx.Node, value: fx.Node) -> bool:
@@ -154,8 +175,26 @@ class _Flow:
         return best[1]
 
 
-def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
-    """Set ``meta[LABEL]`` on every float node; return the number of free nodes decided."""
+def _keeps_input(readers, depth: int = 8) -> bool:
+    """Does a reader other than a pointwise op (whose own term counts what it keeps) keep its
+    input for backward: a conv, a matmul, a norm, a pooling? A neutral reader that keeps
+    nothing (a view, a slice, ``cat``) passes its input on, so its own readers are asked: a
+    cast before or after a view is then kept alike."""
+    for c in readers:
+        if is_pointwise(c):
+            continue
+        if kept_for_backward(c):
+            return True
+        if depth and c.meta.get(M.CLASS) == Precision.NEUTRAL and _keeps_input(c.users,
+                                                                              depth - 1):
+            return True
+    return False
+
+
+def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype, training: bool = False
+                ) -> int:
+    """Set ``meta[LABEL]`` on every float node; return the number of free nodes decided.
+    ``training``: count the bytes autograd keeps for backward as well as the bytes cast."""
     nodes = list(gm.graph.nodes)
     rep: dict[fx.Node, fx.Node] = {}
     for n in nodes:  # tied nodes share their first input's variable
@@ -197,11 +236,12 @@ def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype) -> int:
         by_component[find(next(iter(around)))].append(u)
 
     for values in by_component.values():
-        _solve(values, rep, free, keep_io_dtype, low_dtype)
+        _solve(values, rep, free, keep_io_dtype, low_dtype, training)
     return len(free)
 
 
-def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
+def _solve(values, rep, free, keep_io_dtype, low_dtype, training: bool) -> None:
+    saving = 4 - low_dtype.itemsize  # bytes per element a low value keeps less than an fp32 one
     flow = _Flow()
     var = {}
 
@@ -223,27 +263,37 @@ def _solve(values, rep, free, keep_io_dtype, low_dtype) -> None:
             if rep[c] in free and not c.meta.get(M.TIED) and (
                     c.meta.get(M.CLASS) == Precision.NEUTRAL
                     or (_free_io(c) and _reads_as_data(c, u))):
-                reqs.append(side(c))
+                reqs.append((side(c), c))
             else:
                 r = requirement(c, u, keep_io_dtype, low_dtype)
                 if r is not None:
-                    reqs.append("S" if r == HIGH else "T")
-        wants_low = [r for r in reqs if r != "S"]
-        wants_high = [r for r in reqs if r != "T"]
+                    reqs.append(("S" if r == HIGH else "T", c))
+        wants_low = [(r, c) for r, c in reqs if r != "S"]
+        wants_high = [(r, c) for r, c in reqs if r != "T"]
+        down = up = w
+        if training and w < _TUPLE:
+            # The bytes each cast writes, and once more where a reader keeps it for backward.
+            numel = float(info(u).numel or 1)
+            down = numel * low_dtype.itemsize * (1 + _keeps_input(c for _, c in wants_low))
+            up = numel * 4 * (1 + _keeps_input(c for _, c in wants_high))
         if here != "T" and wants_low:  # a cast down of u, shared by all who want it low
             a = ("down", u.name)
-            flow.add(here, a, w)
-            for r in wants_low:
+            flow.add(here, a, down)
+            for r, _ in wants_low:
                 flow.add(a, r, None)
         if here != "S" and wants_high:  # a cast up of u
             b = ("up", u.name)
-            flow.add(b, here, w)
-            for r in wants_high:
+            flow.add(b, here, up)
+            for r, _ in wants_high:
                 flow.add(r, b, None)
         if here not in ("S", "T") and u.meta.get(M.NATURAL) == HIGH:
-            for r in wants_high:  # high -> low -> high would lose precision: forbidden
+            for r, _ in wants_high:  # high -> low -> high would lose precision: forbidden
                 flow.add(r, here, None)
     for r, name in var.items():
+        kept = kept_for_backward(r) if training and not _free_io(r) else 0
+        if kept and info(r).kind == "tensor":
+            # What autograd keeps for r's backward: fp32 costs `saving` bytes more per element.
+            flow.add(name, "T", kept * float(info(r).numel or 1) * saving)
         if _free_io(r):
             flow.add("S", name, _PREFER_FP32)
         elif r.meta.get(M.NATURAL) == HIGH:

@@ -423,6 +423,47 @@ def test_conv_bn_training_keeps_no_more_bytes_than_autocast(dtype):
     assert ours <= 0.6 * fp32, (ours, theirs, fp32)
 
 
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
+def test_training_plan_counts_the_bytes_autograd_keeps(dtype, monkeypatch):
+    """An fp32 BatchNorm island (the probe says no) then relu then conv: the bytes cast are the
+    same whether the cast down goes before or after the relu, but in training the relu keeps
+    its output for backward, so the plan casts before it (the relu keeps a low output).
+    Outputs and gradients are bit-equal to the plan that ignores the kept bytes, which keeps
+    more; in eval the relu stays fp32 as before."""
+    from amprewrite import plan
+    from amprewrite.passes import plan_casts
+
+    _no_mixed(monkeypatch)
+    model = _trained_bn(ConvBNConv()).train()
+    x = torch.randn(4, 3, 16, 16)
+
+    def relu_input_is_cast(gm):
+        (relu,) = [n for n in gm.graph.nodes if n.target is torch.relu]
+        return relu.args[0].meta.get(M.CAST) == dtype
+
+    gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+    assert relu_input_is_cast(gm)
+    real = plan.plan_labels
+    monkeypatch.setattr(plan_casts, "plan_labels",
+                        lambda gm, keep, low, training=False: real(gm, keep, low))
+    moved_only = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+    assert not relu_input_is_cast(moved_only)
+    assert len(casts(gm)) == len(casts(moved_only))
+    assert saved_bytes(gm, model, x) < saved_bytes(moved_only, model, x)
+
+    results = []
+    for g in (gm, moved_only):
+        xx = x.clone().requires_grad_()
+        out = g(xx)
+        out.float().square().sum().backward()
+        results.append((out, xx.grad, *[p.grad.clone() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    monkeypatch.setattr(plan_casts, "plan_labels", real)
+    assert not relu_input_is_cast(amprewrite.transform(model.eval(), dtype=dtype,
+                                                       example_inputs=(x,)))
+
+
 @pytest.mark.parametrize("norm", ["layer", "group"])
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
 def test_fp32_helper_trains_as_the_island_does_and_keeps_half_the_bytes(norm, dtype,

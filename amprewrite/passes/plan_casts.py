@@ -40,5 +40,5 @@ class PlanCasts(Pass):
     writes = (M.LABEL,)
 
     def run(self, gm: fx.GraphModule) -> bool:
-        plan_labels(gm, self.policy.keep_io_dtype, self.policy.dtype)
+        plan_labels(gm, self.policy.keep_io_dtype, self.policy.dtype, training=gm.training)
         return False  # meta only

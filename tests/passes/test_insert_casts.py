@@ -119,6 +119,28 @@ def test_no_low_high_low_round_trip_on_natural_high_values():
     assert torch.equal(gm(x)[1], x.reshape(4, 8).softmax(-1))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_dtype_arg_op_reads_an_fp32_value_unrounded(dtype, train):
+    """softmax (``Mixed.DTYPE_ARG``: reads either dtype) on an fp32 value that a growing
+    neutral op (``repeat``) also feeds to a low op: casting before the repeat moves fewer bytes,
+    but the softmax would then read the rounded value. It reads the fp32 value (bit-equal to
+    the fp32 softmax); the plan once let it read the low copy (eval, with example inputs)."""
+
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = x.repeat(4, 1)
+            return self.fc(h), h.softmax(-1)
+
+    x = torch.randn(4, 8) * 3
+    gm = transform(Both().train(train), dtype=dtype, example_inputs=(x,))
+    assert torch.equal(gm(x)[1], x.repeat(4, 1).softmax(-1))
+
+
 @pytest.mark.parametrize("keep_io", [True, False])
 def test_keep_io_dtype(keep_io):
     model = nn.Linear(4, 4)

@@ -69,9 +69,9 @@ def disable_modes():
 
 def _shape_of(node: fx.Node) -> tuple[int, ...] | None:
     shape = M.info(node).shape
-    if shape is None or any(s is None for s in shape):
+    if shape is None or None in shape:
         return None
-    return tuple(int(s) for s in shape)  # type: ignore[arg-type]
+    return tuple(map(int, shape))  # type: ignore[arg-type]
 
 
 def _descriptor(a: object, blank: tuple[type, ...] = ()) -> object:
@@ -92,13 +92,19 @@ def _descriptor(a: object, blank: tuple[type, ...] = ()) -> object:
 
 def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
                        family: Family | None = None,
-                       module: torch.nn.Module | None = None) -> str | None:
+                       module: torch.nn.Module | None = None,
+                       memo: dict | None = None) -> str | None:
     """Why ``node`` cannot run in ``dtype`` on ``device``; None when a probe confirmed it can.
 
     A problem starting with :data:`NOT_CONFIRMED` means no probe could run the op at all.
     ``module`` is the submodule a ``call_module`` node calls; a module that holds float
     parameters or buffers is not probed (it runs on its own weights: paint_precision's call).
+    ``memo``: the answers for earlier nodes of a pass, by :func:`_signature`.
     """
+    if memo is not None and module is None:
+        random = bool(family is not None and family.random)
+        return _memoized(memo, ("low", str(dtype), device.type, random, _signature(node)),
+                         lambda: low_kernel_problem(node, dtype, device, family))
     if node.op == "call_module":
         if module is None or any(t.is_floating_point() for t in
                                  (*module.parameters(), *module.buffers())):
@@ -120,6 +126,45 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
     # only: it is kept under the finer key, so that it cannot hide a node that can be probed.
     return _cached(what, key, template, lambda: _probe(
         fn, template, dtype, device.type, bool(family is not None and family.random)))
+
+
+class _NotTensor(Exception):
+    """An input node that is not a tensor: its value or recipe goes into the template."""
+
+
+def _signature(node: fx.Node, owner: object = None) -> tuple | None:
+    """The op, its target (or ``owner``: a module's class and settings) and its arguments with
+    each input node as (first position, dtype, shape): two nodes with equal signatures have
+    equal templates (:meth:`_Template.of`), so the same verdict. None when an input is not a
+    tensor."""
+    seen: dict[fx.Node, int] = {}
+
+    def token(a: fx.Node) -> tuple:
+        i = M.info(a)
+        if i.kind != "tensor":
+            raise _NotTensor
+        return seen.setdefault(a, len(seen)), i.dtype, i.shape
+
+    try:
+        # Keyword arguments in their order, as the template's structure lists them.
+        return (node.op, node.target if owner is None else owner,
+                fx.node.map_arg(node.args, token),
+                tuple(fx.node.map_arg(node.kwargs, token).items()))
+    except _NotTensor:
+        return None
+
+
+def _memoized(memo: dict, key: tuple, find: Callable[[], str | None]) -> str | None:
+    """``find()``, or the answer it gave for ``key`` before (no signature: not kept)."""
+    if key[-1] is None:
+        return find()
+    try:
+        return memo[key]
+    except KeyError:
+        found = memo[key] = find()
+        return found
+    except TypeError:  # an unhashable constant argument
+        return find()
 
 
 class _Verdicts:
@@ -169,8 +214,8 @@ def _cached(owner: object, key: tuple, template: _Template,
 
 
 def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: torch.device,
-                  module: torch.nn.Module | None = None, fn: Callable | None = None
-                  ) -> str | None:
+                  module: torch.nn.Module | None = None, fn: Callable | None = None,
+                  memo: dict | None = None) -> str | None:
     """Why ``node``'s kernel cannot take ``signature`` (:class:`amprewrite.ops.Mixed`) with its
     data input (first argument) in ``dtype`` on ``device``; None when a probe confirmed it.
 
@@ -194,7 +239,15 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     >>> n = g.call_function(torch.exp, (x,))
     >>> mixed_problem(n, Mixed.DTYPE_ARG, torch.bfloat16, torch.device("cpu"))[:40]
     'dtype_arg signature not taken on cpu (ex'
+
+    ``memo``: the answers for earlier nodes of a pass, by :func:`_signature`.
     """
+    if memo is not None:
+        # A module's verdict is its class's and settings' (the cache's owner), not its path's.
+        owner = node.target if module is None else (type(module), repr(module), module.training)
+        return _memoized(memo, ("mixed", signature, str(dtype), device.type, fn,
+                                _signature(node, owner)),
+                         lambda: mixed_problem(node, signature, dtype, device, module, fn))
     if node.op == "call_module":
         if module is None:
             return "no module to probe"
@@ -393,18 +446,22 @@ class _Derived:
         self.node = node
 
 
-def _collect_ints(a: object, t: _Template) -> None:
-    """The ints among ``a``'s leaves into ``t.ints`` and ``t.consts`` (what
-    ``pytree.tree_leaves`` found, without its per-leaf dispatch: ~10 us a node)."""
+def _constants(a: object, ints: list[int]) -> object:
+    """``_descriptor(a, (_Slot, _Derived))``, collecting the ints among ``a``'s leaves (what
+    ``pytree.tree_leaves`` finds) into ``ints`` on the way: one walk of the arguments."""
     if isinstance(a, (list, tuple)):  # torch.Size and namedtuples too, as pytree
-        for x in a:
-            _collect_ints(x, t)
-    elif isinstance(a, dict):
-        for x in a.values():
-            _collect_ints(x, t)
-    elif isinstance(a, int) and not isinstance(a, bool):
-        t.ints.append(a)
-        t.consts.add(a)
+        return (type(a).__name__, *[_constants(x, ints) for x in a])
+    if isinstance(a, dict):
+        return tuple(sorted([(k, _constants(v, ints)) for k, v in a.items()]))
+    if isinstance(a, (_Slot, _Derived)):
+        return None
+    if isinstance(a, int) and not isinstance(a, bool):
+        ints.append(a)
+    try:
+        hash(a)
+        return a
+    except TypeError:
+        return repr(a)
 
 
 class _Template:
@@ -441,20 +498,23 @@ class _Template:
     @staticmethod
     def of(node: fx.Node) -> _Template:
         t = _Template()
+        slot_of, tensors = t.slot_of, t.tensors
         # Every tensor argument first, so that a size read from one of them (x.size(0)) is
         # recomputed from the same probe tensor.
         for a in node.all_input_nodes:
-            if M.info(a).kind == "tensor" and a not in t.slot_of:
-                t.slot_of[a] = len(t.tensors)
-                t.tensors.append((M.info(a).dtype, _shape_of(a)))
+            i = M.info(a)
+            if i.kind == "tensor" and a not in slot_of:
+                slot_of[a] = len(tensors)
+                tensors.append((i.dtype, _shape_of(a)))
         structure: list[object] = []
 
         def describe(a: fx.Node) -> object:
-            if a in t.slot_of:
+            slot = slot_of.get(a)
+            if slot is not None:
                 i = M.info(a)
-                structure.append(("slot", t.slot_of[a], str(i.dtype),
+                structure.append(("slot", slot, str(i.dtype),
                                   None if i.shape is None else len(i.shape)))
-                return _Slot(t.slot_of[a])
+                return _Slot(slot)
             value = _hint(a)
             if value is not _UNKNOWN:
                 t.hints.append(value)
@@ -469,13 +529,13 @@ class _Template:
 
         t.args = fx.node.map_arg(node.args, describe)
         t.kwargs = fx.node.map_arg(node.kwargs, describe)
-        if not t.tensors:
+        if not tensors:
             t.problem = t.problem or "no tensor argument to probe with"
-        _collect_ints((t.args, t.kwargs), t)
         # Coarse key: tensors by dtype and rank, sizes the graph computes by how it computes
         # them, constants by value; the example's shapes and sizes go into the fine key.
-        t.key = (tuple(structure), _descriptor((t.args, t.kwargs), (_Slot, _Derived)))
-        t.fine = (tuple(s for _, s in t.tensors), repr(t.hints))
+        t.key = (tuple(structure), _constants((t.args, t.kwargs), t.ints))
+        t.consts.update(t.ints)
+        t.fine = (tuple(s for _, s in tensors), repr(t.hints))
         return t
 
     def _recipe(self, a: fx.Node, depth: int) -> object:
@@ -496,9 +556,9 @@ class _Template:
         if depth >= _DEPTH or a.op not in ("call_function", "call_method"):
             raise _Unreproducible(f"argument '{a.name}' ({a.op} '{a.target}') is only known "
                                   "when the model runs")
-        for c in pytree.tree_leaves((a.args, a.kwargs)):
-            if isinstance(c, int) and not isinstance(c, bool):
-                self.consts.add(c)  # n_head in C // n_head: a side to try
+        ints: list[int] = []
+        _constants((a.args, a.kwargs), ints)
+        self.consts.update(ints)  # n_head in C // n_head: a side to try
 
         def sub(x: object) -> object:  # nodes inside tuples too: (clamp, arange)[eq]
             return _descriptor(fx.node.map_arg(x, lambda n: self._recipe(n, depth + 1)))

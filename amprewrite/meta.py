@@ -218,8 +218,13 @@ def _is_constant(s: torch.SymInt) -> bool:
         return False
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def info_from_value(value: object) -> ValueInfo:
     """ValueInfo of a real or fake value (dynamo's ``example_value``, ShapeProp's results)."""
+    if type(value) in _PLAIN:  # a real tensor (a parameter, a buffer): int sizes, none dynamic
+        return ValueInfo("tensor", value.dtype, value.numel(), shape=tuple(value.shape))
     if isinstance(value, torch.Tensor):
         shape = tuple(_int_or_none(s) for s in value.shape)
         dynamic = tuple(d for d, s in enumerate(value.shape)

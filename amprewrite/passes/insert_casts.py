@@ -21,7 +21,7 @@ from ..ops import Mixed, Precision, conversion_target, fp32_helper_of, is_conver
 from ..plan import float_inputs, requirement
 from ..report import record
 from ..runtime import cast_if_float
-from .base import Kind, Pass
+from .base import Kind, Pass, new_node
 
 __all__ = ["InsertCasts", "add_cast"]
 
@@ -125,9 +125,9 @@ def add_cast(gm: fx.GraphModule, value: fx.Node, dtype: torch.dtype, label: str,
     graph = gm.graph
     with graph.inserting_after(value):
         if info(value).dtype is None:
-            cast = graph.call_function(cast_if_float, (value, dtype))
+            cast = new_node(graph, "call_function", cast_if_float, (value, dtype))
         else:
-            cast = graph.call_method("to", (value, dtype))
+            cast = new_node(graph, "call_method", "to", (value, dtype))
     M.copy_provenance(value, cast, value=True)
     cast.meta[M.CAST] = dtype
     cast.meta[M.CLASS] = Precision.NEUTRAL

@@ -49,6 +49,11 @@ from .base import Kind, Pass
 
 __all__ = ["PaintPrecision", "matches"]
 
+# Nodes without a precision class, and why.
+_NO_CLASS = {"placeholder": "graph input", "get_attr": "parameter or buffer",
+             "output": "graph output"}
+
+
 def _own_floats(module: torch.nn.Module, low: torch.dtype) -> bool:
     """Does ``module`` hold a float parameter or buffer that is not already ``low``?"""
     return any(t.is_floating_point() and t.dtype != low
@@ -101,9 +106,8 @@ class PaintPrecision(Pass):
         fam = family_of(node, module)
         node.meta[M.FAMILY] = fam.name if fam else None
         value = info(node)
-        if node.op in ("placeholder", "get_attr", "output"):
-            cls, why = None, {"placeholder": "graph input", "get_attr": "parameter or buffer",
-                              "output": "graph output"}[node.op]
+        if node.op in _NO_CLASS:
+            cls, why = None, _NO_CLASS[node.op]
         elif not value.has_float():
             complex_ = value.kind == "tensor" and value.dtype is not None and value.dtype.is_complex
             cls, why = Precision.NONFLOAT, ("complex value: its inputs keep the model's dtypes"
@@ -255,6 +259,7 @@ class PaintPrecision(Pass):
         from ..kernels import NOT_CONFIRMED
 
         unconfirmed: dict[str, list[str]] = {}  # op -> nodes whose low kernel no probe ran
+        verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
         for node in M.each_node(gm.graph):
             if node.meta.get(M.CLASS) not in (Precision.LOW, Precision.PROMOTE, Precision.NEUTRAL):
                 continue
@@ -266,7 +271,7 @@ class PaintPrecision(Pass):
             # A parameter-free module left as a call (nn.AvgPool3d in a Sequential) runs the
             # same kernels as its functional form: probed by calling it.
             module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-            problem = low_kernel_problem(node, low, device, fam, module)
+            problem = low_kernel_problem(node, low, device, fam, module, memo=verdicts)
             if problem is None:
                 continue
             if problem.startswith(NOT_CONFIRMED):
@@ -293,6 +298,7 @@ class PaintPrecision(Pass):
         device = self._device()
         if device is None:
             return  # not probed, not used (no probe, no trust)
+        verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
         for node, why in self._registry_fp32.items():
             fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
             # Only the registry's FP32: not a position cone, a keep_fp32 or an fp32 island.
@@ -315,7 +321,7 @@ class PaintPrecision(Pass):
                     helper = fp32_helper_of(node)
                     if helper is None:
                         continue  # a spelling the helper does not take (native_group_norm)
-                problem = mixed_problem(node, sig, low, device, module, helper)
+                problem = mixed_problem(node, sig, low, device, module, helper, memo=verdicts)
                 if problem is None:
                     node.meta[M.MIXED] = sig
                     if problems:  # the helper, after the kernel refused: say why

@@ -16,7 +16,7 @@ from . import meta as M
 from .capture import capture
 from .errors import ModelError, NotVerifiedWarning, PolicyError
 from .exported import export_again, is_exported_program, program_inputs
-from .graphmodule import DynamoGraphModule
+from .graphmodule import DynamoGraphModule, sources_die_with_code
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
@@ -157,7 +157,8 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
         on_pass("capture", gm)
     status(f"running the passes on {len(gm.graph.nodes)} nodes")
     passes = pipeline(policy, model=model, example_inputs=example_inputs)
-    gm = run_pipeline(gm, passes, rep.timings, on_pass)
+    with sources_die_with_code():  # the passes' recompiles of a plain fx.GraphModule too
+        gm = run_pipeline(gm, passes, rep.timings, on_pass)
     rep.decisions = decisions_of(gm, policy)
     rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:

@@ -13,11 +13,13 @@ it by then anyway), so ``import amprewrite`` stays cheap.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import linecache
 import logging
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import fx
@@ -29,7 +31,7 @@ from .modules import hooked
 from .shapes import InputCheck, InputGuard, flat_inputs, positional_leaves
 
 __all__ = ["INPUT_CHECK", "REGISTERED_OUTPUTS", "DynamoGraphModule", "Retransform",
-           "add_input_check"]
+           "add_input_check", "sources_die_with_code"]
 
 # (model, policy, example_inputs) -> a transformed graph for those inputs (api.transform_with).
 Retransform = Callable[[object, object, object], fx.GraphModule]
@@ -82,8 +84,9 @@ class DynamoGraphModule(fx.GraphModule):
         return target(*args, **kwargs)
 
     def recompile(self):
-        code = super().recompile()
-        self._amp_fast = _FastCall.make(self)
+        with sources_die_with_code():
+            code = super().recompile()
+            self._amp_fast = _FastCall.make(self)
         return code
 
     def train(self, mode: bool = True):
@@ -295,6 +298,51 @@ def add_input_check(gm: DynamoGraphModule) -> None:
 
 
 INPUT_CHECK = "amp_input_check"
+
+
+_SOURCES_DEPTH = 0
+
+
+@contextlib.contextmanager
+def sources_die_with_code() -> Iterator[None]:
+    """Inside the block, the source of each function fx generates is forgotten when the
+    function dies.
+
+    fx keeps the source of every ``forward`` it generates (every ``recompile``, every
+    capture) in a process-wide table (``fx.graph_module._loader.eval_cache``, read through
+    ``linecache`` for tracebacks) and never drops it: 10 sources, 150 kB, per transform of
+    the zoo GPT-2, though all but two belong to replaced or freed graphs. A live function
+    keeps its source, so tracebacks and ``inspect.getsource`` still show it.
+    """
+    global _SOURCES_DEPTH
+    from torch.fx import graph_module
+
+    if _SOURCES_DEPTH:  # nested: the outer block's wrapper is in place
+        yield
+        return
+    original = graph_module._method_from_src
+
+    def method_from_src(*args, **kwargs):
+        fn = original(*args, **kwargs)
+        key = fn.__code__.co_filename
+        if key.startswith("<eval_with_key>"):  # a key of fx's own, never a real file's name
+            weakref.finalize(fn, _forget_source, key).atexit = False
+        return fn
+
+    graph_module._method_from_src = method_from_src
+    _SOURCES_DEPTH += 1
+    try:
+        yield
+    finally:
+        _SOURCES_DEPTH -= 1
+        graph_module._method_from_src = original
+
+
+def _forget_source(key: str) -> None:
+    from torch.fx import graph_module
+
+    graph_module._loader.eval_cache.pop(key, None)
+    linecache.cache.pop(key, None)
 
 
 # Output dataclasses amprewrite registered with pytree -> how many live graphs return them. The

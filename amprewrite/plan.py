@@ -176,12 +176,14 @@ class _Flow:
 
 
 def _keeps_input(readers, depth: int = 8) -> bool:
-    """Does a reader other than a pointwise op (whose own term counts what it keeps) keep its
-    input for backward: a conv, a matmul, a norm, a pooling? A neutral reader that keeps
-    nothing (a view, a slice, ``cat``) passes its input on, so its own readers are asked: a
-    cast before or after a view is then kept alike."""
+    """Does a reader other than a pointwise op (whose own term counts what it keeps) or a free
+    LOW_IO node keep its input for backward: a conv, a matmul, a norm, a pooling? A neutral
+    reader that keeps nothing (a view, a slice, ``cat``) passes its input on, so its own
+    readers are asked: a cast before or after a view is then kept alike."""
     for c in readers:
-        if is_pointwise(c):
+        if is_pointwise(c) or _free_io(c):
+            # A LOW_IO node on a low value reads an fp32 copy only to store its output fp32
+            # (for a reader that needs it so): bytes kept must not make it round that output.
             continue
         if kept_for_backward(c):
             return True

@@ -647,9 +647,11 @@ def _raise_if_own(model: nn.Module, exc: BaseException) -> None:
 def _raise_if_plain_export_works(model: nn.Module, args: tuple, kwargs: dict,
                                  error: BaseException) -> None:
     """Before blaming dynamo, export a deep copy of the model exactly as a user would
-    (``torch._dynamo.export(model)(*args)``). If that works, the failure is amprewrite's."""
+    (``torch._dynamo.export(model)(*args)``). If that works, the failure is amprewrite's. The
+    export's caches and guards are released as after a capture."""
     try:
-        with warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit():
+        with (warnings.catch_warnings(), _quiet_loggers(), _no_recompile_limit(),
+              _private_top_frame(), _release_export_state(), sources_die_with_code()):
             warnings.simplefilter("ignore")
             torch._dynamo.export(copy.deepcopy(model), assume_static_by_default=True)(
                 *args, **kwargs)

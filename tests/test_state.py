@@ -183,3 +183,27 @@ def test_a_graphs_generated_source_lives_as_long_as_its_code(with_inputs):
     del gm
     gc.collect()
     assert set(_loader.eval_cache) <= before
+
+
+class Branchy(nn.Module):
+    """A data-dependent branch: dynamo cannot export it."""
+
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x
+
+
+def test_a_failed_capture_leaves_dynamos_state_as_it_was():
+    """A capture that fails exports the model once more, as a user would, to tell whose
+    failure it is; that export's backend, guards and cache entries are released too."""
+    model, x = Branchy(), torch.randn(4, 16)
+    with pytest.raises(amprewrite.CaptureError):
+        amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    gc.collect()
+    before = (_dynamo_state(model), len(weakref.finalize._registry))
+    for _ in range(3):
+        with pytest.raises(amprewrite.CaptureError):
+            amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+    gc.collect()
+    after = (_dynamo_state(model), len(weakref.finalize._registry))
+    assert after[0] == before[0]
+    assert after[1] <= before[1]

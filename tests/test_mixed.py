@@ -95,6 +95,17 @@ def _no_low_io(monkeypatch):
     monkeypatch.setattr(paint_precision, "mixed_problem", probe)
 
 
+def _helper_graph(norm: str, model: nn.Module, x: torch.Tensor, monkeypatch,
+                  dtype: torch.dtype = torch.bfloat16) -> fx.GraphModule:
+    """``model`` transformed with its norm on the runtime helper (the kernel's own LOW_IO
+    refused by a fake probe); asserts the norm took the helper."""
+    _no_low_io(monkeypatch)
+    gm = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
+    (n,) = by_family(gm, f"{norm}_norm")
+    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    return gm
+
+
 # --- structure --------------------------------------------------------------------------------
 
 
@@ -475,12 +486,11 @@ def test_fp32_helper_trains_as_the_island_does_and_keeps_half_the_bytes(norm, dt
     model = LinearNormLinear(norm).train()
     x = torch.randn(8, 16, 64) if norm == "group" else torch.randn(8, 64, 16)
     graphs = {}
-    for name, fake in (("helper", _no_low_io), ("island", _no_mixed)):
-        with monkeypatch.context() as mp:
-            fake(mp)
-            graphs[name] = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
-    (n,) = by_family(graphs["helper"], f"{norm}_norm")
-    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    with monkeypatch.context() as mp:
+        graphs["helper"] = _helper_graph(norm, model, x, mp, dtype)
+    with monkeypatch.context() as mp:
+        _no_mixed(mp)
+        graphs["island"] = amprewrite.transform(model, dtype=dtype, example_inputs=(x,))
     results = {}
     for name, gm in graphs.items():
         xi = x.clone().requires_grad_()
@@ -510,10 +520,7 @@ def test_fp32_helper_compiles_with_fullgraph(norm, monkeypatch):
     torch.manual_seed(0)
     model = LinearNormLinear(norm).train()
     x = torch.randn(8, 16, 64) if norm == "group" else torch.randn(8, 64, 16)
-    _no_low_io(monkeypatch)
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,))
-    (n,) = by_family(gm, f"{norm}_norm")
-    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    gm = _helper_graph(norm, model, x, monkeypatch)
     results = []
     for fn in (gm, torch.compile(gm, fullgraph=True, backend="aot_eager")):
         xi = x.clone().requires_grad_()
@@ -586,10 +593,7 @@ def test_fp32_helper_exports(norm, monkeypatch):
     through its forward) and the program gives the graph's outputs bit for bit."""
     model = LinearNormLinear(norm).eval()
     x = torch.randn(2, 16, 5) if norm == "group" else torch.randn(2, 5, 16)
-    _no_low_io(monkeypatch)
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x,))
-    (n,) = by_family(gm, f"{norm}_norm")
-    assert n.meta[M.MIXED] is Mixed.FP32_HELPER
+    gm = _helper_graph(norm, model, x, monkeypatch)
     program = torch.export.export(gm, (x,)).module()
     with torch.no_grad():
         assert torch.equal(program(x), gm(x))

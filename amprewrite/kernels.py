@@ -74,15 +74,19 @@ def _shape_of(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(map(int, shape))  # type: ignore[arg-type]
 
 
-def _descriptor(a: object, blank: tuple[type, ...] = ()) -> object:
+def _descriptor(a: object, blank: tuple[type, ...] = (), ints: list[int] | None = None
+                ) -> object:
     """Hashable structure of a constant argument, for the cache key; instances of ``blank``
-    (the probe's slots and derived sizes) as None."""
+    (the probe's slots and derived sizes) as None. ``ints``: collects the ints among ``a``'s
+    leaves (what ``pytree.tree_leaves`` finds) on the same walk."""
+    if isinstance(a, (list, tuple)):  # torch.Size and namedtuples too, as pytree
+        return (type(a).__name__, *[_descriptor(x, blank, ints) for x in a])
+    if isinstance(a, dict):
+        return tuple(sorted([(k, _descriptor(v, blank, ints)) for k, v in a.items()]))
     if blank and isinstance(a, blank):
         return None
-    if isinstance(a, (list, tuple)):
-        return (type(a).__name__, *(_descriptor(x, blank) for x in a))
-    if isinstance(a, dict):
-        return tuple(sorted((k, _descriptor(v, blank)) for k, v in a.items()))
+    if ints is not None and isinstance(a, int) and not isinstance(a, bool):
+        ints.append(a)
     try:
         hash(a)
         return a
@@ -446,24 +450,6 @@ class _Derived:
         self.node = node
 
 
-def _constants(a: object, ints: list[int]) -> object:
-    """``_descriptor(a, (_Slot, _Derived))``, collecting the ints among ``a``'s leaves (what
-    ``pytree.tree_leaves`` finds) into ``ints`` on the way: one walk of the arguments."""
-    if isinstance(a, (list, tuple)):  # torch.Size and namedtuples too, as pytree
-        return (type(a).__name__, *[_constants(x, ints) for x in a])
-    if isinstance(a, dict):
-        return tuple(sorted([(k, _constants(v, ints)) for k, v in a.items()]))
-    if isinstance(a, (_Slot, _Derived)):
-        return None
-    if isinstance(a, int) and not isinstance(a, bool):
-        ints.append(a)
-    try:
-        hash(a)
-        return a
-    except TypeError:
-        return repr(a)
-
-
 class _Template:
     """The node's arguments with tensors described (dtype, known shape) for probe inputs."""
 
@@ -533,7 +519,7 @@ class _Template:
             t.problem = t.problem or "no tensor argument to probe with"
         # Coarse key: tensors by dtype and rank, sizes the graph computes by how it computes
         # them, constants by value; the example's shapes and sizes go into the fine key.
-        t.key = (tuple(structure), _constants((t.args, t.kwargs), t.ints))
+        t.key = (tuple(structure), _descriptor((t.args, t.kwargs), (_Slot, _Derived), t.ints))
         t.consts.update(t.ints)
         t.fine = (tuple(s for _, s in tensors), repr(t.hints))
         return t
@@ -557,7 +543,7 @@ class _Template:
             raise _Unreproducible(f"argument '{a.name}' ({a.op} '{a.target}') is only known "
                                   "when the model runs")
         ints: list[int] = []
-        _constants((a.args, a.kwargs), ints)
+        _descriptor((a.args, a.kwargs), (_Slot, _Derived), ints)
         self.consts.update(ints)  # n_head in C // n_head: a side to try
 
         def sub(x: object) -> object:  # nodes inside tuples too: (clamp, arange)[eq]

@@ -74,13 +74,21 @@ def _shape_of(node: fx.Node) -> tuple[int, ...] | None:
     return tuple(map(int, shape))  # type: ignore[arg-type]
 
 
+# Leaves _descriptor returns as they are without a call: hashable, never a probe slot or a
+# derived size (graph nodes: the arguments of a recipe's op); ints too where none are collected.
+_ATOMS = frozenset({str, float, bool, type(None), fx.Node})
+_ATOMS_AND_INTS = _ATOMS | {int}
+
+
 def _descriptor(a: object, blank: tuple[type, ...] = (), ints: list[int] | None = None
                 ) -> object:
     """Hashable structure of a constant argument, for the cache key; instances of ``blank``
     (the probe's slots and derived sizes) as None. ``ints``: collects the ints among ``a``'s
     leaves (what ``pytree.tree_leaves`` finds) on the same walk."""
     if isinstance(a, (list, tuple)):  # torch.Size and namedtuples too, as pytree
-        return (type(a).__name__, *[_descriptor(x, blank, ints) for x in a])
+        atoms = _ATOMS if ints is not None else _ATOMS_AND_INTS
+        return (type(a).__name__, *[x if type(x) in atoms else _descriptor(x, blank, ints)
+                                    for x in a])
     if isinstance(a, dict):
         return tuple(sorted([(k, _descriptor(v, blank, ints)) for k, v in a.items()]))
     if blank and isinstance(a, blank):
@@ -107,7 +115,7 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
     """
     if memo is not None and module is None:
         random = bool(family is not None and family.random)
-        return _memoized(memo, ("low", str(dtype), device.type, random, _signature(node)),
+        return _memoized(memo, ("low", dtype, device, random, _signature(node)),
                          lambda: low_kernel_problem(node, dtype, device, family))
     if node.op == "call_module":
         if module is None or any(t.is_floating_point() for t in
@@ -132,30 +140,22 @@ def low_kernel_problem(node: fx.Node, dtype: torch.dtype, device: torch.device,
         fn, template, dtype, device.type, bool(family is not None and family.random)))
 
 
-class _NotTensor(Exception):
-    """An input node that is not a tensor: its value or recipe goes into the template."""
-
-
 def _signature(node: fx.Node, owner: object = None) -> tuple | None:
     """The op, its target (or ``owner``: a module's class and settings) and its arguments with
     each input node as (first position, dtype, shape): two nodes with equal signatures have
     equal templates (:meth:`_Template.of`), so the same verdict. None when an input is not a
     tensor."""
-    seen: dict[fx.Node, int] = {}
-
-    def token(a: fx.Node) -> tuple:
+    tokens: dict[fx.Node, tuple] = {}
+    # all_input_nodes lists the inputs in argument order, each once: the first positions.
+    for a in node.all_input_nodes:
         i = M.info(a)
         if i.kind != "tensor":
-            raise _NotTensor
-        return seen.setdefault(a, len(seen)), i.dtype, i.shape
-
-    try:
-        # Keyword arguments in their order, as the template's structure lists them.
-        return (node.op, node.target if owner is None else owner,
-                fx.node.map_arg(node.args, token),
-                tuple(fx.node.map_arg(node.kwargs, token).items()))
-    except _NotTensor:
-        return None
+            return None
+        tokens[a] = (len(tokens), i.dtype, i.shape)
+    token = tokens.__getitem__
+    # Keyword arguments in their order, as the template's structure lists them.
+    return (node.op, node.target if owner is None else owner, fx.node.map_arg(node.args, token),
+            tuple(fx.node.map_arg(node.kwargs, token).items()) if node.kwargs else ())
 
 
 def _memoized(memo: dict, key: tuple, find: Callable[[], str | None]) -> str | None:
@@ -249,7 +249,7 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
     if memo is not None:
         # A module's verdict is its class's and settings' (the cache's owner), not its path's.
         owner = node.target if module is None else (type(module), repr(module), module.training)
-        return _memoized(memo, ("mixed", signature, str(dtype), device.type, fn,
+        return _memoized(memo, ("mixed", signature, dtype, device, fn,
                                 _signature(node, owner)),
                          lambda: mixed_problem(node, signature, dtype, device, module, fn))
     if node.op == "call_module":

@@ -30,7 +30,9 @@ from ..kernels import low_kernel_problem, mixed_problem
 from ..meta import HIGH, LOW, info
 from ..ops import (
     FAMILIES,
+    Family,
     Mixed,
+    Out,
     Precision,
     conversion_target,
     family_of,
@@ -42,7 +44,6 @@ from ..ops import (
     qualified_name,
     writes_in_place,
 )
-from ..plan import float_inputs
 from ..policy import Selector
 from ..report import REPORT_KEY
 from .base import Kind, Pass
@@ -52,6 +53,14 @@ __all__ = ["PaintPrecision", "matches"]
 # Nodes without a precision class, and why.
 _NO_CLASS = {"placeholder": "graph input", "get_attr": "parameter or buffer",
              "output": "graph output"}
+_CALLS = ("call_function", "call_method")
+# The precision classes as plain names: each ``Precision.X`` costs an enum lookup (~60 ns in
+# Python 3.11), and the loops below compare classes several times per node.
+_P_LOW, _P_FP32, _P_PROMOTE, _P_NEUTRAL, _P_NONFLOAT = (
+    Precision.LOW, Precision.FP32, Precision.PROMOTE, Precision.NEUTRAL, Precision.NONFLOAT)
+_CONVERT = Out.CONVERT
+# Classes whose low-precision kernel may run: probed.
+_MAY_RUN_LOW = (_P_LOW, _P_PROMOTE, _P_NEUTRAL)
 
 
 def _own_floats(module: torch.nn.Module, low: torch.dtype) -> bool:
@@ -87,6 +96,14 @@ class PaintPrecision(Pass):
         low = self.policy.dtype
         # FP32 nodes as the registry classed them (the reason object: nothing overrode it).
         self._registry_fp32: dict[fx.Node, str] = {}
+        # Facts of each node, found once by _classify and read by every later step: its
+        # family, whether it writes into its first argument, and what its value holds.
+        self._family: dict[fx.Node, Family | None] = {}
+        self._writes: set[fx.Node] = set()  # writes_in_place
+        self._floats: set[fx.Node] = set()  # info(n).has_float()
+        self._float_tensors: set[fx.Node] = set()  # ... and a tensor (info(n).is_float)
+        self._ints: set[fx.Node] = set()  # integer tensors, or tensors of unknown dtype
+        self._module: dict[fx.Node, torch.nn.Module] = {}  # what a call_module node calls
         for node in M.each_node(gm.graph):
             self._classify(gm, node, low)
         self._cones(gm)
@@ -97,58 +114,79 @@ class PaintPrecision(Pass):
         self._probe_kernels(gm, low)
         self._mixed(gm, low)
         self._note_unknown(gm)
-        for node in M.each_node(gm.graph):
-            node.meta[M.NATURAL] = self._natural(node, low)
+        self._natural(gm, low)
         return False  # meta only: the graph's code is unchanged
 
     def _classify(self, gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> None:
-        module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        op, meta, value = node.op, node.meta, info(node)
+        has_float = value.has_float()
+        if has_float:
+            self._floats.add(node)
+            if value.kind == "tensor":
+                self._float_tensors.add(node)
+                if value.dtype is None:
+                    self._ints.add(node)  # of unknown dtype: may hold integers
+        elif value.is_int:
+            self._ints.add(node)
+        if op in _NO_CLASS:  # no family, no class, writes nothing
+            meta[M.FAMILY] = self._family[node] = None
+            meta[M.CLASS], meta[M.REASON] = None, _NO_CLASS[op]
+            return
+        module = None
+        if op == "call_module":
+            module = self._module[node] = gm.get_submodule(str(node.target))
         fam = family_of(node, module)
-        node.meta[M.FAMILY] = fam.name if fam else None
-        value = info(node)
-        if node.op in _NO_CLASS:
-            cls, why = None, _NO_CLASS[node.op]
-        elif not value.has_float():
+        name = fam.name if fam else None
+        meta[M.FAMILY] = name
+        self._family[node] = FAMILIES.get(name or "")
+        writes = op in _CALLS and writes_in_place(node)
+        if writes:
+            self._writes.add(node)
+        if not has_float:
             complex_ = value.kind == "tensor" and value.dtype is not None and value.dtype.is_complex
-            cls, why = Precision.NONFLOAT, ("complex value: its inputs keep the model's dtypes"
+            cls, why = _P_NONFLOAT, ("complex value: its inputs keep the model's dtypes"
                                             if complex_ else "integer, bool or non-tensor value")
         elif value.float_dtype() not in (None, torch.float32, low):
-            cls = Precision.NONFLOAT
+            cls = _P_NONFLOAT
             why = f"{value.float_dtype()} value: computed as the model does"
-        elif (forced := node.meta.get(M.FORCE)) is not None:
+        elif (forced := meta.get(M.FORCE)) is not None:
             cls, why = forced
-        elif writes_in_place(node):
+        elif writes:
             # After functionalize, only writes into a private clone or back into a graph input.
-            cls, why = Precision.NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
-            node.meta[M.TIED] = True
+            cls, why = _P_NEUTRAL, "in-place op: runs in the dtype of the tensor it writes"
+            meta[M.TIED] = True
         elif fam is not None:
             cls, why = precision_of(node, fam, module, low)
-            if cls == Precision.FP32:
+            if cls == _P_FP32:
                 self._registry_fp32[node] = why
-            if cls == Precision.LOW and module is not None and _own_floats(module, low):
+            if cls == _P_LOW and module is not None and _own_floats(module, low):
                 # Called as a whole (hooks, kwargs, a class without a lowering): its own
                 # parameters are read inside, where no cast can reach them.
-                cls, why = Precision.FP32, (f"{type(module).__name__} is called as a module "
+                cls, why = _P_FP32, (f"{type(module).__name__} is called as a module "
                                             "(hooks or no functional form): runs on its own "
                                             "fp32 parameters")
-        elif node.op == "call_module":
-            cls, why = Precision.FP32, (f"unknown module {type(module).__name__}: runs with its "
+        elif op == "call_module":
+            cls, why = _P_FP32, (f"unknown module {type(module).__name__}: runs with its "
                                         "own fp32 parameters")
         else:
             # Unknown means fp32: safe for any op; allow_low opts a node back in.
-            op = op_qualname(node.target)
-            shown = op.split(".")[0] if op is not None else f"node:{node.name}"
-            cls, why = Precision.FP32, (f"unknown op '{qualified_name(node)}': fp32; "
+            qualname = op_qualname(node.target)
+            shown = qualname.split(".")[0] if qualname is not None else f"node:{node.name}"
+            cls, why = _P_FP32, (f"unknown op '{qualified_name(node)}': fp32; "
                                         f"allow_low=['{shown}'] to override")
         if (node.target is operator.getitem and node.args
                 and info(node.args[0]).kind == "seq"):
-            node.meta[M.TIED] = True  # an element of a tuple: cast the tuple's producer
-        node.meta[M.CLASS] = cls
-        node.meta[M.REASON] = why
+            meta[M.TIED] = True  # an element of a tuple: cast the tuple's producer
+        meta[M.CLASS] = cls
+        meta[M.REASON] = why
 
     def _cones(self, gm: fx.GraphModule) -> None:
         """Mark position cones FP32: from int->float conversions to the first bounded/LOW op."""
-        seeds = [n for n in gm.graph.nodes if self._is_seed(n)]
+        # Only a node that reads an integer tensor (or one of unknown dtype) or makes positions
+        # can be a seed: _is_seed asks the registry about those alone, in graph order.
+        maybe = {user for n in self._ints for user in n.users}
+        maybe.update(n for n, fam in self._family.items() if fam is not None and fam.positions)
+        seeds = [n for n in gm.graph.nodes if n in maybe and self._is_seed(n)] if maybe else []
         seen: set[fx.Node] = set()
         stack = [(n, n) for n in seeds]
         while stack:
@@ -157,45 +195,61 @@ class PaintPrecision(Pass):
                 continue
             seen.add(node)
             cls = node.meta.get(M.CLASS)
-            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-            ends = cls == Precision.LOW or (fam is not None and fam.bounded)
-            if writes_in_place(node):
+            fam = self._family[node]
+            ends = cls == _P_LOW or (fam is not None and fam.bounded)
+            if node in self._writes:
                 # It runs in the dtype of the tensor it writes (t.copy_(ids) on a private
                 # clone): that tensor joins the cone, and what reads the write is in it too.
                 written = node.args[0] if node.args else None
                 if node is seed and isinstance(written, fx.Node):
-                    _paint_cone(written, seed)
+                    self._paint_cone(written, seed)
             else:
-                _paint_cone(node, seed)
+                self._paint_cone(node, seed)
                 if ends:
                     continue
             for user in node.users:
-                if user.op != "output" and _carries_numbers(user):
+                if user.op != "output" and self._carries_numbers(user):
                     stack.append((user, seed))
 
-    @staticmethod
-    def _static(gm: fx.GraphModule) -> None:
+    def _carries_numbers(self, node: fx.Node) -> bool:
+        """Can ``node`` be in a position cone? Float values, float64 ones included: the model
+        computes those as it does (NONFLOAT, never repainted), but ``ids.double().float()``
+        still carries the positions on to what reads them."""
+        cls = node.meta.get(M.CLASS)
+        return cls is not None and (cls != _P_NONFLOAT or node in self._floats)
+
+    def _paint_cone(self, node: fx.Node, seed: fx.Node) -> None:
+        if node.meta.get(M.CLASS) in (None, _P_NONFLOAT) or node in self._writes:
+            return
+        node.meta[M.CLASS] = _P_FP32
+        node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
+        node.meta.pop(M.TIED, None)
+
+    def _static(self, gm: fx.GraphModule) -> None:
         """LOW ops on values computed from parameters, buffers and constants only (no graph
         input reaches them) run in fp32: SwinV2's continuous position bias (an MLP on a
         coordinate table), a LoRA merge. Their cost does not grow with the batch, and rounding
         them adds an error every input shares (measured: 16 * sigmoid(cpb_mlp(table)) in bf16
         is 0.03 RMS on the attention logits)."""
         static: set[fx.Node] = set()
+        family = self._family
         for node in gm.graph.nodes:
-            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-            if node.op == "get_attr" or (
-                    node.op in ("call_function", "call_method")
-                    and all(a in static for a in node.all_input_nodes)
-                    and not (fam is not None and fam.random)):
+            if node.op == "get_attr":
                 static.add(node)
+            elif node.op in _CALLS:
+                first = node.args[0] if node.args else None
+                if isinstance(first, fx.Node) and first not in static:
+                    continue  # an input that is not static: the common case, asked cheaply
+                if static.issuperset(node.all_input_nodes) and not (
+                        (fam := family[node]) is not None and fam.random):
+                    static.add(node)
         for node in static:
-            if node.meta.get(M.CLASS) == Precision.LOW and node.all_input_nodes:
-                node.meta[M.CLASS] = Precision.FP32
+            if node.meta.get(M.CLASS) == _P_LOW and node.all_input_nodes:
+                node.meta[M.CLASS] = _P_FP32
                 node.meta[M.REASON] = ("computed from parameters and buffers only (no input "
                                        "reaches it): fp32, its cost does not grow with the batch")
 
-    @staticmethod
-    def _is_seed(node: fx.Node) -> bool:
+    def _is_seed(self, node: fx.Node) -> bool:
         """Does ``node`` turn integer values into floats (a position cone's start)?
 
         The registry says which arguments an op reads as numbers (``ops.number_inputs``):
@@ -203,13 +257,12 @@ class PaintPrecision(Pass):
         ``f.new_tensor(ids)`` all read ``ids`` as numbers; ``embedding(ids, w)`` and
         ``grouped_mm(x, w, offs=ids)`` read it as indices.
         """
-        if not _carries_numbers(node):
+        if not self._carries_numbers(node):
             return False
-        fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
+        fam = self._family[node]
         if fam is not None and fam.positions:
             return True  # arange(..., dtype=float), linspace: positions born as floats
-        if not any(info(a).is_int or (info(a).kind == "tensor" and info(a).dtype is None)
-                   for a in node.all_input_nodes):
+        if self._ints.isdisjoint(node.all_input_nodes):
             return False  # what follows needs an integer input (or one of unknown dtype)
         numbers = number_inputs(node)
         if numbers is not None:
@@ -225,17 +278,17 @@ class PaintPrecision(Pass):
 
     def _override(self, node: fx.Node) -> None:
         cls = node.meta.get(M.CLASS)
-        if cls in (None, Precision.NONFLOAT) or writes_in_place(node):
+        if cls in (None, _P_NONFLOAT) or node in self._writes:
             return  # an in-place op (after functionalize: on a private copy) stays tied to it
         for sel in self.policy.keep_fp32:
             if matches(node, sel):
-                node.meta[M.CLASS] = Precision.FP32
+                node.meta[M.CLASS] = _P_FP32
                 node.meta[M.REASON] = f"keep_fp32={_show(sel)}"
                 node.meta.pop(M.TIED, None)
                 return
         for sel in self.policy.allow_low:
-            if matches(node, sel) and cls == Precision.FP32:
-                node.meta[M.CLASS] = Precision.PROMOTE
+            if matches(node, sel) and cls == _P_FP32:
+                node.meta[M.CLASS] = _P_PROMOTE
                 node.meta[M.REASON] = f"allow_low={_show(sel)}: runs in its inputs' precision"
                 return
 
@@ -260,17 +313,18 @@ class PaintPrecision(Pass):
 
         unconfirmed: dict[str, list[str]] = {}  # op -> nodes whose low kernel no probe ran
         verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
-        for node in M.each_node(gm.graph):
-            if node.meta.get(M.CLASS) not in (Precision.LOW, Precision.PROMOTE, Precision.NEUTRAL):
-                continue
-            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-            if fam is None or not fam.probe or writes_in_place(node) or not info(node).has_float():
-                continue
-            if not any(info(a).kind == "tensor" for a in float_inputs(node)):
-                continue
+        family, writes, floats = self._family, self._writes, self._floats
+        # Those that may run low, in a family the probe runs for, writing nothing, with a float
+        # value and a float tensor among their inputs.
+        probed = [n for n in gm.graph.nodes
+                  if n.meta.get(M.CLASS) in _MAY_RUN_LOW and (fam := family[n]) is not None
+                  and fam.probe and n not in writes and n in floats
+                  and not self._float_tensors.isdisjoint(n.all_input_nodes)]
+        for node in M.each_node_of(probed):
+            fam = family[node]
             # A parameter-free module left as a call (nn.AvgPool3d in a Sequential) runs the
             # same kernels as its functional form: probed by calling it.
-            module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+            module = self._module.get(node)
             problem = low_kernel_problem(node, low, device, fam, module, memo=verdicts)
             if problem is None:
                 continue
@@ -280,7 +334,7 @@ class PaintPrecision(Pass):
                     continue
                 op = type(module).__name__ if module is not None else qualified_name(node)
                 unconfirmed.setdefault(op, []).append(node.name)
-            node.meta[M.CLASS] = Precision.FP32
+            node.meta[M.CLASS] = _P_FP32
             node.meta[M.REASON] = f"fp32 island: {problem}"
             node.meta.pop(M.TIED, None)
         for op, names in unconfirmed.items():
@@ -300,15 +354,15 @@ class PaintPrecision(Pass):
             return  # not probed, not used (no probe, no trust)
         verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
         for node, why in self._registry_fp32.items():
-            fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
+            fam = self._family[node]
             # Only the registry's FP32: not a position cone, a keep_fp32 or an fp32 island.
             if (fam is None or not fam.mixed or node.meta.get(M.REASON) is not why
-                    or node.meta.get(M.CLASS) != Precision.FP32 or info(node).kind != "tensor"):
+                    or node.meta.get(M.CLASS) != _P_FP32 or info(node).kind != "tensor"):
                 continue
             data = node.args[0] if node.args else None
-            if not isinstance(data, fx.Node) or not info(data).is_float:
+            if not isinstance(data, fx.Node) or data not in self._float_tensors:
                 continue
-            module = gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+            module = self._module.get(node)
             problems = []
             for sig in fam.mixed:
                 if sig is Mixed.DTYPE_ARG and node.kwargs.get("dtype") is not None:
@@ -345,50 +399,41 @@ class PaintPrecision(Pass):
             _note(gm, f"unknown op '{op}' ({len(names)} node{'s' * (len(names) > 1)}): fp32; "
                       f"allow_low=[{shown}] to override")
 
-    @staticmethod
-    def _natural(node: fx.Node, low: torch.dtype) -> str | None:
-        value = info(node)
-        cls = node.meta.get(M.CLASS)
-        if node.op == "output" or cls == Precision.NONFLOAT or not value.has_float():
-            return None
-        if cls is None:  # graph inputs and parameters: as given
-            return LOW if value.float_dtype() == low else HIGH
-        if cls == Precision.LOW:
-            return LOW
-        mixed = node.meta.get(M.MIXED)
-        if cls == Precision.FP32 and mixed is not None and mixed.stores_input_dtype:
-            # Computed in fp32 from a low input, stored as its input: autocast's rule for the
-            # value (a norm after a conv is low, one on the fp32 residual stream fp32).
-            data = node.args[0]
-            return LOW if isinstance(data, fx.Node) and data.meta.get(M.NATURAL) == LOW else HIGH
-        if cls == Precision.FP32:
-            return HIGH
-        if cls == Precision.NEUTRAL and is_conversion(node) and (
-                conversion_target(node) == torch.float32):
-            return HIGH  # an upcast in the model: fp32 by nature (ops._convert)
-        inputs = [n.meta.get(M.NATURAL) for n in float_inputs(node)]
-        if node.meta.get(M.TIED) and inputs:
-            return inputs[0]
-        if not inputs:
-            return HIGH  # a factory such as torch.ones(...): fp32 like the model
-        return HIGH if HIGH in inputs or None in inputs else LOW
-
-
-def _carries_numbers(node: fx.Node) -> bool:
-    """Can ``node`` be in a position cone? Float values, float64 ones included: the model
-    computes those as it does (NONFLOAT, never repainted), but ``ids.double().float()`` still
-    carries the positions on to what reads them."""
-    cls = node.meta.get(M.CLASS)
-    return cls is not None and (cls != Precision.NONFLOAT or info(node).has_float())
-
-
-def _paint_cone(node: fx.Node, seed: fx.Node) -> None:
-    if node.meta.get(M.CLASS) in (None, Precision.NONFLOAT) or writes_in_place(node):
-        return
-    node.meta[M.CLASS] = Precision.FP32
-    node.meta[M.REASON] = f"position cone from '{seed.name}' (integer values as floats)"
-    node.meta.pop(M.TIED, None)
-
+    def _natural(self, gm: fx.GraphModule, low: torch.dtype) -> None:
+        """Set ``meta[NATURAL]`` of every node, in topological order."""
+        floats, family = self._floats, self._family
+        for node in M.each_node(gm.graph):
+            meta = node.meta
+            cls = meta.get(M.CLASS)
+            if node.op == "output" or cls == _P_NONFLOAT or node not in floats:
+                natural = None
+            elif cls is None:  # graph inputs and parameters: as given
+                natural = LOW if info(node).float_dtype() == low else HIGH
+            elif cls == _P_LOW:
+                natural = LOW
+            elif cls == _P_FP32:
+                mixed = meta.get(M.MIXED)
+                natural = HIGH
+                if mixed is not None and mixed.stores_input_dtype:
+                    # Computed in fp32 from a low input, stored as its input: autocast's rule
+                    # for the value (a norm after a conv is low, one on the fp32 residual
+                    # stream fp32).
+                    data = node.args[0]
+                    if isinstance(data, fx.Node) and data.meta.get(M.NATURAL) == LOW:
+                        natural = LOW
+            elif cls == _P_NEUTRAL and (fam := family[node]) is not None and (
+                    fam.out is _CONVERT and is_conversion(node)
+                    and conversion_target(node) == torch.float32):
+                natural = HIGH  # an upcast in the model: fp32 by nature (ops._convert)
+            else:
+                inputs = [n.meta.get(M.NATURAL) for n in node.all_input_nodes if n in floats]
+                if not inputs:
+                    natural = HIGH  # a factory such as torch.ones(...): fp32 like the model
+                elif meta.get(M.TIED):
+                    natural = inputs[0]
+                else:
+                    natural = HIGH if HIGH in inputs or None in inputs else LOW
+            meta[M.NATURAL] = natural
 
 def _note(gm: fx.GraphModule, text: str) -> None:
     rep = gm.meta.get(REPORT_KEY)

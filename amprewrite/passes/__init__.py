@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from torch import fx, nn
 
 from .. import meta as M
+from ..codegen import recompile
 from ..errors import AmpRewriteError, PassError
 from ..policy import Policy
 from ..progress import detail
@@ -146,7 +147,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
         if stale and getattr(p, "needs_code", False):  # it runs the graph: recompile first
             start = time.perf_counter()
             gm.graph.lint()
-            gm.recompile()
+            recompile(gm)
             stale = False
             if timings is not None:
                 timings["recompile"] = time.perf_counter() - start
@@ -157,7 +158,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
             stale = stale or bool(modified)
             if (debug or on_pass is not None) and modified:
                 gm.graph.lint()
-                gm.recompile()
+                recompile(gm)
             if before is not None:
                 _check_writes(p, before, _meta_keys(gm))
         except AmpRewriteError:
@@ -173,7 +174,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
         start = time.perf_counter()
         try:
             gm.graph.lint()
-            gm.recompile()
+            recompile(gm)
         except Exception as exc:
             raise _pass_error("lint and recompile", done, exc) from exc
         if timings is not None:
@@ -197,7 +198,7 @@ def run_pass(gm: fx.GraphModule, p: Pass) -> bool:
     with M.running_pass(p.name):
         modified = p.run(gm)
     gm.graph.lint()
-    gm.recompile()
+    recompile(gm)
     return bool(modified)
 
 

@@ -1,0 +1,101 @@
+"""amprewrite.codegen writes the source torch.fx writes, byte for byte, or lets fx write it."""
+
+import operator
+
+import pytest
+import torch
+from torch import fx
+
+import amprewrite
+from amprewrite import codegen
+from amprewrite.testing import zoo
+from benchmarks.transform_cost import Stack
+
+
+def _same(graph: fx.Graph) -> None:
+    fast = codegen._generate(graph, "self")
+    slow = fx.Graph.python_code(graph, "self")
+    assert fast.src == slow.src
+    assert fast._lineno_map == slow._lineno_map
+    assert fast._prologue_start == slow._prologue_start
+    assert fast.globals.keys() == slow.globals.keys()
+    assert all(fast.globals[k] is slow.globals[k] for k in slow.globals)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("train", [False, True])
+def test_transformed_stack_is_written_as_fx_writes_it(dtype, train):
+    gm = amprewrite.transform(Stack(2).train(train), dtype=dtype)
+    _same(gm.graph)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dynamo_graph_is_written_as_fx_writes_it(dtype):
+    """A dynamo capture: pytree codegen (flatten in, unflatten out), HF attention, masks."""
+    model, inputs = zoo.gpt2()
+    gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
+    assert type(gm.graph._codegen) is fx.graph._PyTreeCodeGen
+    _same(gm.graph)
+
+
+def test_recompiled_module_runs_the_same_code():
+    gm = amprewrite.transform(Stack(1), dtype=torch.bfloat16)
+    written = gm.code
+    codegen.recompile(gm)
+    assert gm.code == written
+    assert "python_code" not in vars(gm.graph)  # the override is gone after the recompile
+    x = torch.randn(2, 8, 16)
+    gm.recompile()  # fx's own
+    assert torch.equal(gm(x), gm(x)) and gm.code == written
+
+
+def test_self_check_turns_the_writer_off_where_fx_spells_differently(monkeypatch):
+    monkeypatch.setitem(codegen._state, "ok", None)
+    monkeypatch.setattr(codegen, "_magic", {**codegen._magic, "add": "{0}  +  {1}"})
+    assert not codegen._enabled()
+    gm = fx.symbolic_trace(lambda x: x + 1)
+    code = codegen.python_code(gm.graph)  # fx writes it
+    assert code.src == fx.Graph.python_code(gm.graph, "self").src
+    assert "x + 1" in code.src
+
+
+def test_check_mode_raises_when_the_two_differ(monkeypatch):
+    gm = fx.symbolic_trace(lambda x: torch.relu(x))
+    wrong = fx.Graph.python_code(gm.graph, "self")
+    wrong.src = wrong.src.replace("relu", "sigmoid")
+    monkeypatch.setattr(codegen, "_generate", lambda graph, root: wrong)
+    with pytest.raises(AssertionError, match=r"differently from torch\.fx"):
+        codegen.python_code(gm.graph)
+
+
+def _graph_with(arg: object, annotate: bool = False) -> fx.Graph:
+    graph = fx.Graph()
+    x = graph.placeholder("x", type_expr=torch.Tensor if annotate else None)
+    y = graph.call_function(torch.add, (x, arg))
+    graph.output(y)
+    return graph
+
+
+@pytest.mark.parametrize("graph", [
+    _graph_with({"a": 1}),  # a dict: fx prints it with repr, its nodes by their renames
+    _graph_with(1, annotate=True),  # a type annotation
+    _graph_with(torch.Size([2, 3])),
+    _graph_with((slice(1, None), ..., None, torch.float16, torch.device("cpu"), "s", 1.5)),
+], ids=["dict", "annotation", "size", "constants"])
+def test_other_arguments_come_out_as_fx_writes_them(graph):
+    code = codegen.python_code(graph)
+    assert code.src == fx.Graph.python_code(graph, "self").src
+
+
+def test_names_that_collide_with_globals_are_renamed_as_fx_renames_them():
+    """A node named like a global the code needs (``getattr``, a wrapped function, ``torch``)
+    is renamed by the namespace in the order fx asks it."""
+    graph = fx.Graph()
+    x = graph.placeholder("torch")
+    a = graph.call_function(operator.getitem, (x, 0))
+    a.name = "getattr"
+    b = graph.call_function(getattr, (x, "shape"))
+    c = graph.call_function(codegen._check_fn, (a, b))
+    c.name = "amprewrite_codegen__check_fn"
+    graph.output((a, b, c))
+    _same(graph)

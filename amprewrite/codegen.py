@@ -38,7 +38,7 @@ from torch import fx
 from torch.fx import graph as _fxg
 from torch.fx.node import _get_qualified_name
 
-__all__ = ["check", "fast_python_code", "python_code", "recompile"]
+__all__ = ["check", "fast_python_code", "lint", "python_code", "recompile"]
 
 # fx's own pieces, so names and spellings stay fx's; absent in some torch: fx then writes.
 try:
@@ -105,6 +105,60 @@ def recompile(gm: fx.GraphModule) -> _fxg.PythonCode:
     """``gm.recompile()`` with the source written by :func:`python_code`."""
     with fast_python_code(gm.graph):
         return gm.recompile()
+
+
+def lint(graph: fx.Graph) -> None:
+    """``graph.lint()``: the same checks (each node this graph's and in its lookup table, known
+    op, unique name, arguments defined before use, call targets callable, attribute and module
+    paths present on the owning module), each module path resolved once for all the paths
+    under it. A graph that fails is handed to fx's lint, which raises its own message."""
+    if not _lint_ok(graph):
+        graph.lint()
+
+
+def _lint_ok(graph: fx.Graph) -> bool:
+    table = getattr(graph, "_find_nodes_lookup_table", None)
+    if table is None:
+        return False
+    seen: set[fx.Node] = set()
+    names: set[str] = set()
+    for node in graph.nodes:
+        if node.op not in _fxg._legal_ops or node.graph is not graph or node not in table:
+            return False
+        if not seen.issuperset(node._input_nodes):  # another graph's node is not in seen
+            return False
+        seen.add(node)
+        if node.name in names:
+            return False
+        names.add(node.name)
+    root = graph.owning_module
+    if not root:
+        return True
+    # path -> (the object there, whether it and every object on the way is a module)
+    found: dict[str, tuple[Any, bool]] = {"": (root, True)}
+
+    def resolve(path: str) -> tuple[Any, bool]:
+        if path in found:
+            return found[path]
+        parent_path, _, atom = path.rpartition(".")
+        parent, modules = resolve(parent_path)
+        value = None if parent is None else getattr(parent, atom, None)
+        found[path] = (value, modules and isinstance(value, torch.nn.Module))
+        return found[path]
+
+    for node in graph.nodes:
+        op, target = node.op, node.target
+        if op == "call_function":
+            if not callable(target):
+                return False
+            continue
+        if not isinstance(target, str):
+            return False
+        if op == "get_attr" or op == "call_module":
+            value, modules = resolve(target) if target else (None, False)
+            if value is None or (op == "call_module" and not modules):
+                return False
+    return True
 
 
 def _enabled() -> bool:

@@ -99,3 +99,50 @@ def test_names_that_collide_with_globals_are_renamed_as_fx_renames_them():
     c.name = "amprewrite_codegen__check_fn"
     graph.output((a, b, c))
     _same(graph)
+
+
+def _module_graph() -> fx.GraphModule:
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+            self.scale = 2.0
+
+        def forward(self, x):
+            return self.layers[0](x) * self.scale + self.layers[0].weight.sum()
+
+    return fx.symbolic_trace(M())
+
+
+def _break(kind: str, gm: fx.GraphModule) -> None:
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    linear = next(n for n in nodes if n.op == "call_module")
+    weight = next(n for n in nodes if n.op == "get_attr")
+    if kind == "name":
+        weight.name = linear.name
+    elif kind == "order":  # a user before the value it reads
+        nodes[1].prepend(nodes[-2])
+    elif kind == "foreign":
+        other = fx.Graph()
+        linear.args = (other.placeholder("y"),)
+    elif kind == "attribute":
+        weight.target = "layers.0.nothing"
+    elif kind == "module":  # call_module on a parameter
+        linear.target = "layers.0.weight"
+    elif kind == "callable":
+        next(n for n in nodes if n.op == "call_function").target = 3
+
+
+@pytest.mark.parametrize("kind", ["name", "order", "foreign", "attribute", "module",
+                                  "callable"])
+def test_lint_finds_what_fx_lint_finds_and_raises_its_message(kind):
+    gm = _module_graph()
+    codegen.lint(gm.graph)  # well formed: no error
+    _break(kind, gm)
+    with pytest.raises((RuntimeError, ValueError)) as fx_error:
+        gm.graph.lint()
+    with pytest.raises(type(fx_error.value)) as ours:
+        codegen.lint(gm.graph)
+    assert str(ours.value) == str(fx_error.value)
+    assert not codegen._lint_ok(gm.graph)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from torch import fx, nn
 
 from .. import meta as M
-from ..codegen import recompile
+from ..codegen import lint, recompile
 from ..errors import AmpRewriteError, PassError
 from ..policy import Policy
 from ..progress import detail
@@ -146,7 +146,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
         before = _meta_keys(gm) if debug else None
         if stale and getattr(p, "needs_code", False):  # it runs the graph: recompile first
             start = time.perf_counter()
-            gm.graph.lint()
+            lint(gm.graph)
             recompile(gm)
             stale = False
             if timings is not None:
@@ -157,7 +157,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
                 modified = p.run(gm)
             stale = stale or bool(modified)
             if (debug or on_pass is not None) and modified:
-                gm.graph.lint()
+                lint(gm.graph)
                 recompile(gm)
             if before is not None:
                 _check_writes(p, before, _meta_keys(gm))
@@ -173,7 +173,7 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
     if stale:
         start = time.perf_counter()
         try:
-            gm.graph.lint()
+            lint(gm.graph)
             recompile(gm)
         except Exception as exc:
             raise _pass_error("lint and recompile", done, exc) from exc
@@ -197,7 +197,7 @@ def run_pass(gm: fx.GraphModule, p: Pass) -> bool:
     """Run one pass alone (its name current), then lint and recompile; True if it changed gm."""
     with M.running_pass(p.name):
         modified = p.run(gm)
-    gm.graph.lint()
+    lint(gm.graph)
     recompile(gm)
     return bool(modified)
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -224,7 +225,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 def info_from_value(value: object) -> ValueInfo:
     """ValueInfo of a real or fake value (dynamo's ``example_value``, ShapeProp's results)."""
     if type(value) in _PLAIN:  # a real tensor (a parameter, a buffer): int sizes, none dynamic
-        return ValueInfo("tensor", value.dtype, value.numel(), shape=tuple(value.shape))
+        return _real_info(value.dtype, value.numel(), tuple(value.shape))
     if isinstance(value, torch.Tensor):
         shape = tuple(_int_or_none(s) for s in value.shape)
         dynamic = tuple(d for d, s in enumerate(value.shape)
@@ -234,6 +235,13 @@ def info_from_value(value: object) -> ValueInfo:
     if isinstance(value, (tuple, list)):
         return ValueInfo("seq", items=tuple(info_from_value(v) for v in value))
     return OTHER
+
+
+@functools.lru_cache(maxsize=4096)
+def _real_info(dtype: torch.dtype, numel: int, shape: tuple[int, ...]) -> ValueInfo:
+    """One (frozen) ValueInfo per dtype and shape: a model's layers repeat a few weight shapes,
+    and making a ValueInfo costs more than finding it."""
+    return ValueInfo("tensor", dtype, numel, shape=shape)
 
 
 def info(node: object) -> ValueInfo:

@@ -48,7 +48,7 @@ from torch import fx, nn
 from .. import meta as M
 from ..errors import ModelError
 from ..meta import ValueInfo, info
-from ..modules import get_attr
+from ..modules import get_attr, submodule
 from ..ops import (
     Alias,
     Write,
@@ -291,7 +291,7 @@ class _Functionalizer:
     def _module(self, node: fx.Node) -> None:
         """A leaf module with ``inplace=True`` (ReLU, Dropout): its graph copy computes out of
         place (capture gave the graph its own module objects, so the caller's are untouched)."""
-        mod = self.gm.get_submodule(str(node.target))
+        mod = submodule(self.gm, str(node.target))
         if getattr(mod, "inplace", False) is True:
             mod.inplace = False
             record(self.gm, node, f"{type(mod).__name__}(inplace=True) -> "

@@ -17,38 +17,50 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from .. import meta as M
-from ..modules import hooked
+from ..modules import hooked, submodule, tensor_attr
 from ..ops import lowering
-from .base import Builder, Kind, Match, Replacement, Rule, RulePass
+from .base import Kind, Match, Replacement, Rule, RulePass, new_node
 
 __all__ = ["NormalizeModules"]
 
 
-class _Attrs:
-    """Makes the nodes a lowering needs, before the module call and with its provenance."""
+class _Lowering:
+    """Makes the nodes of one module call's lowering (its ``attr`` argument), each with the
+    call's provenance. They go in order right before the call, which is the graph's insertion
+    point while the lowering runs: one insertion point for them all, not a context per node."""
 
-    def __init__(self, build: Builder, node: fx.Node, mod: nn.Module, path: str):
-        self.build, self.node, self.mod, self.path = build, node, mod, path
+    def __init__(self, gm: fx.GraphModule, node: fx.Node, mod: nn.Module):
+        self.graph, self.node, self.mod = gm.graph, node, mod
+
+    def make(self, op: str, target: object, args: tuple = (), kwargs: dict | None = None,
+             value: M.ValueInfo | None = None) -> fx.Node:
+        n = M.copy_provenance(self.node, new_node(self.graph, op, target, args, kwargs))
+        if value is not None:
+            n.meta[M.ORIG] = value
+        return n
 
     def __call__(self, name: str) -> fx.Node | None:
-        value = getattr(self.mod, name, None)
+        value = tensor_attr(self.mod, name)
         if value is None:
             return None
-        return self.build.node("get_attr", f"{self.path}.{name}",
-                               value=M.info_from_value(value))
+        return self.make("get_attr", f"{self.node.target}.{name}",
+                         value=M.info_from_value(value))
 
     def pad(self, x: fx.Node, pad: tuple, mode: str) -> fx.Node:
-        return self.build.call(F.pad, x, pad, mode=mode, value=self.node.meta.get(M.ORIG))
+        return self.make("call_function", F.pad, (x, pad), {"mode": mode},
+                         value=self.node.meta.get(M.ORIG))
 
 
 def _lower(m: Match) -> Replacement | None:
     node = m.node
-    mod = m.gm.get_submodule(str(node.target))
+    mod = submodule(m.gm, str(node.target))
     rule = lowering(mod)
     if rule is None or hooked(mod) or node.kwargs or len(node.args) != 1:
         return None
-    target, args, kwargs = rule(mod, node.args[0], _Attrs(m.build, node, mod, str(node.target)))
-    new = M.copy_provenance(node, m.build.call(target, *args, **kwargs), value=True)
+    attr = _Lowering(m.gm, node, mod)
+    with m.gm.graph.inserting_before(node):
+        target, args, kwargs = rule(mod, node.args[0], attr)
+        new = attr.make("call_function", target, args, kwargs)  # its ORIG: the driver copies it
     return Replacement(new, f"call_module {type(mod).__name__} -> "
                        f"{getattr(target, '__name__', target)}", "one functional IR for every pass")
 

@@ -23,11 +23,13 @@ stored. The free labels are chosen by a minimum s-t cut (networkx), where
   then keeps a low output), where the bytes moved alone are indifferent.
 
 Only free nodes connected through shared values interact, so the graph is cut per connected
-component of free nodes: the work grows linearly with the graph.
+component of free nodes: the work grows linearly with the graph. A small component is solved by
+trying every labelling, once per distinct network (a model's blocks repeat the same few).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 import networkx as nx
@@ -44,6 +46,12 @@ _EPS = 1e-3
 # that is the model's output), it does (more than a few _EPS, less than one byte).
 _PREFER_FP32 = 0.5
 _TUPLE = 1e15
+# The classes read once: an enum member costs ~0.1 us to look up (Python 3.11), and requirement
+# and the plan ask for each node's.
+_LOW_CLASS, _FP32_CLASS = Precision.LOW, Precision.FP32
+_PROMOTE_CLASS, _NEUTRAL_CLASS = Precision.PROMOTE, Precision.NEUTRAL
+
+
 def float_inputs(node: fx.Node) -> list[fx.Node]:
     """The distinct inputs of ``node`` holding floats (tensors or tuples), in argument order."""
     return [n for n in node.all_input_nodes if info(n).has_float()]
@@ -54,9 +62,9 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
     cls = consumer.meta.get(M.CLASS)
     if consumer.meta.get(M.TIED) and float_inputs(consumer)[:1] == [value]:
         return None  # the tied input: same variable, never cast
-    if cls == Precision.LOW:
+    if cls == _LOW_CLASS:
         return LOW
-    if cls == Precision.FP32:
+    if cls == _FP32_CLASS:
         mixed = consumer.meta.get(M.MIXED)
         if mixed is not None and _reads_as_data(consumer, value):
             if mixed is Mixed.DTYPE_ARG:
@@ -66,9 +74,9 @@ def requirement(consumer: fx.Node, value: fx.Node, keep_io_dtype: bool, low_dtyp
                 return None if _holds_low_numbers(value) else HIGH
             return consumer.meta.get(M.LABEL, consumer.meta[M.NATURAL])  # LOW_IO: as stored
         return HIGH
-    if cls == Precision.PROMOTE:
+    if cls == _PROMOTE_CLASS:
         return consumer.meta[M.NATURAL]
-    if cls == Precision.NEUTRAL:
+    if cls == _NEUTRAL_CLASS:
         return consumer.meta.get(M.LABEL, consumer.meta[M.NATURAL])
     # Graph outputs and ops amprewrite leaves alone see the dtype the original model had.
     if consumer.op == "output" and not keep_io_dtype:
@@ -110,7 +118,7 @@ def _free_io(node: fx.Node) -> bool:
 def _fixed(node: fx.Node) -> str | None:
     """The label of a node the plan may not change, or None for a free node (NEUTRAL, or a
     LOW_IO node on a low value)."""
-    if node.meta.get(M.CLASS) == Precision.NEUTRAL or _free_io(node):
+    if node.meta.get(M.CLASS) == _NEUTRAL_CLASS or _free_io(node):
         return None
     return node.meta.get(M.NATURAL)
 
@@ -127,16 +135,17 @@ class _Flow:
 
     def add(self, u, v, cap: float | None) -> None:
         """Add capacity ``cap`` (None = infinite) from u to v, summing parallel edges."""
-        if (u, v) in self.cap:
-            old = self.cap[(u, v)]
-            self.cap[(u, v)] = None if old is None or cap is None else old + cap
-        else:
-            self.cap[(u, v)] = cap
+        key = (u, v)
+        if cap is not None and key in self.cap:  # (infinite plus anything is infinite)
+            old = self.cap[key]
+            cap = None if old is None else old + cap
+        self.cap[key] = cap
 
-    def source_side(self, variables: list[str]) -> set[str]:
-        """The variables on the source ("S") side of a minimum S-T cut."""
+    def source_side(self, variables: list[str], solved: dict) -> set[str]:
+        """The variables on the source ("S") side of a minimum S-T cut. ``solved``: the
+        labellings :meth:`_exhaustive` found before, kept by the caller for the next network."""
         if len(variables) <= self.EXHAUSTIVE:
-            return self._exhaustive(variables)
+            return self._exhaustive(variables, solved)
         g = nx.DiGraph()
         g.add_nodes_from(["S", "T"])
         for (u, v), c in self.cap.items():
@@ -144,35 +153,68 @@ class _Flow:
         _, (high_side, _) = nx.minimum_cut(g, "S", "T")
         return {v for v in variables if v in high_side}
 
-    def _exhaustive(self, variables: list[str]) -> set[str]:
+    def _exhaustive(self, variables: list[str], solved: dict) -> set[str]:
         """Every labelling of the variables; each other (auxiliary) node takes its cheaper
-        side, which it can alone: auxiliary nodes only touch variables, S and T."""
-        inf = float("inf")
-        fixed = {"S": True, "T": False}
-        aux_in: dict[object, list] = defaultdict(list)
-        aux_out: dict[object, list] = defaultdict(list)
-        direct = []
-        known = set(variables) | {"S", "T"}
+        side, which it can alone: auxiliary nodes only touch variables, S and T.
+
+        The answer depends on the edges alone once their nodes are numbered (as below), so a
+        network met before, as every block of a model repeats its few, is looked up in
+        ``solved`` (its best labelling by the numbered edges) instead of solved again."""
+        # A labelling is a bit mask over S, T and the variables (set: on the source side);
+        # auxiliary nodes are numbered -1, -2, ... in order of appearance.
+        number = {"S": 1, "T": 2, **{v: 4 << i for i, v in enumerate(variables)}}
+        fresh = itertools.count(-1, -1)
+        edges = []
         for (u, v), c in self.cap.items():
-            c = inf if c is None else c
-            if v not in known:
-                aux_in[v].append((u, c))
-            elif u not in known:
-                aux_out[u].append((v, c))
-            else:
-                direct.append((u, v, c))
-        best: tuple | None = None
-        for bits in range(1 << len(variables)):
-            side = {**fixed, **{v: bool(bits >> i & 1) for i, v in enumerate(variables)}}
-            total = sum(c for u, v, c in direct if side[u] and not side[v])
-            for a in aux_in.keys() | aux_out.keys():
-                on_source = sum(c for v, c in aux_out[a] if not side[v])
-                on_sink = sum(c for u, c in aux_in[a] if side[u])
-                total += min(on_source, on_sink)
-            key = (total, bin(bits).count("1"))  # ties: the smallest source side, as networkx
-            if best is None or key < best[0]:
-                best = (key, {v for v in variables if side[v]})
-        return best[1]
+            if u not in number:
+                number[u] = next(fresh)
+            if v not in number:
+                number[v] = next(fresh)
+            edges.append((number[u], number[v], c))
+        key = (len(variables), tuple(edges))
+        if key not in solved:
+            solved[key] = _best_labelling(len(variables), edges)
+        bits = solved[key]
+        return {v for i, v in enumerate(variables) if bits >> i & 1}
+
+
+def _best_labelling(count: int, edges: list[tuple[int, int, float | None]]) -> int:
+    """The cheapest labelling (bit i: variable i on the source side) of ``count`` variables
+    with ``edges`` between S (1), T (2), the variables (``4 << i``) and auxiliary nodes
+    (negative), which each take their cheaper side."""
+    inf = float("inf")
+    aux: dict[int, list] = {}  # auxiliary node -> [edges into it, edges out of it, neighbours]
+    direct = []
+    for u, v, c in edges:
+        c = inf if c is None else c
+        if v < 0:
+            a = aux.setdefault(v, [[], [], 0])
+            a[0].append((u, c))
+            a[2] |= u
+        elif u < 0:
+            a = aux.setdefault(u, [[], [], 0])
+            a[1].append((v, c))
+            a[2] |= v
+        else:
+            direct.append((u, v, c))
+    # An auxiliary node's cost depends on its neighbours' sides only: computed once per
+    # labelling of its neighbours (``seen``), not once per labelling of all the variables.
+    seen: list[dict[int, float]] = [{} for _ in aux]
+    best: tuple | None = None
+    for bits in range(1 << count):
+        side = bits << 2 | 1
+        total = sum([c for u, v, c in direct if side & u and not side & v])
+        for (into, out, around), costs in zip(aux.values(), seen):
+            cost = costs.get(side & around)
+            if cost is None:
+                on_source = sum([c for v, c in out if not side & v])
+                on_sink = sum([c for u, c in into if side & u])
+                cost = costs[side & around] = min(on_source, on_sink)
+            total += cost
+        key = (total, bits.bit_count())  # ties: the smallest source side, as networkx
+        if best is None or key < best[0]:
+            best = (key, bits)
+    return best[1]
 
 
 def _keeps_input(readers, depth: int = 8) -> bool:
@@ -187,8 +229,8 @@ def _keeps_input(readers, depth: int = 8) -> bool:
             continue
         if kept_for_backward(c):
             return True
-        if depth and c.meta.get(M.CLASS) == Precision.NEUTRAL and _keeps_input(c.users,
-                                                                              depth - 1):
+        if depth and c.meta.get(M.CLASS) == _NEUTRAL_CLASS and _keeps_input(c.users,
+                                                                            depth - 1):
             return True
     return False
 
@@ -198,17 +240,29 @@ def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype, training: bo
     """Set ``meta[LABEL]`` on every float node; return the number of free nodes decided.
     ``training``: count the bytes autograd keeps for backward as well as the bytes cast."""
     nodes = list(gm.graph.nodes)
+    fixed: dict[fx.Node, str | None] = {}  # _fixed of each node, asked once
     rep: dict[fx.Node, fx.Node] = {}
-    for n in nodes:  # tied nodes share their first input's variable
-        first = float_inputs(n)[:1]
-        rep[n] = rep.get(first[0], first[0]) if n.meta.get(M.TIED) and first else n
-    free = {n for n in nodes if n.meta.get(M.NATURAL) is not None and _fixed(rep[n]) is None}
+    free: set[fx.Node] = set()
+    valued = []  # the nodes with a natural precision (the float values), in order
     for n in nodes:
-        label = _fixed(rep[n])
+        fixed[n] = label = _fixed(n)
+        r = n
+        if n.meta.get(M.TIED):  # tied nodes share their first input's variable
+            first = float_inputs(n)[:1]
+            if first:
+                r = rep.get(first[0], first[0])
+                # r is an input of n, so in fixed already unless the graph is out of order
+                label = fixed[r] if r in fixed else _fixed(r)
+        rep[n] = r
+        natural = n.meta.get(M.NATURAL)
+        if natural is not None:
+            valued.append(n)
         if label is not None:
             n.meta[M.LABEL] = label
-        elif n.meta.get(M.NATURAL) is None:
+        elif natural is None:
             n.meta.pop(M.LABEL, None)
+        else:
+            free.add(n)
     if not free:
         return 0
 
@@ -222,87 +276,95 @@ def plan_labels(gm: fx.GraphModule, keep_io_dtype: bool, low_dtype, training: bo
             x = parent[x]
         return x
 
-    touching: dict[fx.Node, set[fx.Node]] = defaultdict(set)  # value -> free variables around it
-    for u in nodes:
-        if not info(u).has_float() or u.meta.get(M.NATURAL) is None:
+    var_of = {n: r for n, r in rep.items() if r in free}  # node -> its free variable
+    touching: dict[fx.Node, list[fx.Node]] = {}  # value -> free variables around it
+    for u in valued:
+        if u not in var_of and var_of.keys().isdisjoint(u.users):
             continue
-        around = {rep[u]} if rep[u] in free else set()
-        around |= {rep[c] for c in u.users if rep[c] in free}
-        if around:
+        around = [var_of[c] for c in (u, *u.users) if c in var_of]
+        if info(u).has_float():
             touching[u] = around
             first, *rest = around
             for r in rest:
                 parent[find(r)] = find(first)
     by_component: dict[fx.Node, list[fx.Node]] = defaultdict(list)
     for u, around in touching.items():
-        by_component[find(next(iter(around)))].append(u)
+        by_component[find(around[0])].append(u)
 
+    solved: dict = {}  # the small networks solved, for _Flow.source_side
     for values in by_component.values():
-        _solve(values, rep, free, keep_io_dtype, low_dtype, training)
+        _solve(values, rep, free, fixed, keep_io_dtype, low_dtype, training, solved)
     return len(free)
 
 
-def _solve(values, rep, free, keep_io_dtype, low_dtype, training: bool) -> None:
+def _solve(values, rep, free, fixed, keep_io_dtype, low_dtype, training: bool, solved: dict
+           ) -> None:
     saving = 4 - low_dtype.itemsize  # bytes per element a low value keeps less than an fp32 one
     flow = _Flow()
+    add = flow.add
     var = {}
 
-    def side(n):  # the flow node standing for a label: a variable, or S / T when fixed
-        r = rep[n]
+    def side(r):  # the flow node standing for a representative's label: a variable, or S / T
         if r in free:
             var[r] = r.name
             return r.name
-        return "S" if _fixed(r) == HIGH else "T"
+        return "S" if fixed[r] == HIGH else "T"
 
     for u in values:
+        vi = info(u)
         # A tuple cannot be cast (its elements are tied to it): make casting it prohibitive.
-        w = float(info(u).numel or 1) * 4 if info(u).kind == "tensor" else _TUPLE
-        here = side(u)
-        reqs = []
+        w = float(vi.numel or 1) * 4 if vi.kind == "tensor" else _TUPLE
+        ru = rep[u]
+        here = side(ru)
+        wants_low, wants_high = [], []  # (flow node, reader): who needs u low, who high
         for c in u.users:
-            if rep[c] is rep[u]:
+            rc = rep[c]
+            if rc is ru:
                 continue
-            if rep[c] in free and not c.meta.get(M.TIED) and (
-                    c.meta.get(M.CLASS) == Precision.NEUTRAL
+            if rc in free and not c.meta.get(M.TIED) and (
+                    c.meta.get(M.CLASS) == _NEUTRAL_CLASS
                     or (_free_io(c) and _reads_as_data(c, u))):
-                reqs.append((side(c), c))
+                r = side(rc)
             else:
-                r = requirement(c, u, keep_io_dtype, low_dtype)
-                if r is not None:
-                    reqs.append(("S" if r == HIGH else "T", c))
-        wants_low = [(r, c) for r, c in reqs if r != "S"]
-        wants_high = [(r, c) for r, c in reqs if r != "T"]
+                need = requirement(c, u, keep_io_dtype, low_dtype)
+                if need is None:
+                    continue
+                r = "S" if need == HIGH else "T"
+            if r != "S":
+                wants_low.append((r, c))
+            if r != "T":
+                wants_high.append((r, c))
         down = up = w
         if training and w < _TUPLE:
             # The bytes each cast writes, and once more where a reader keeps it for backward.
-            numel = float(info(u).numel or 1)
+            numel = float(vi.numel or 1)
             down = numel * low_dtype.itemsize * (1 + _keeps_input(c for _, c in wants_low))
             up = numel * 4 * (1 + _keeps_input(c for _, c in wants_high))
         if here != "T" and wants_low:  # a cast down of u, shared by all who want it low
             a = ("down", u.name)
-            flow.add(here, a, down)
+            add(here, a, down)
             for r, _ in wants_low:
-                flow.add(a, r, None)
+                add(a, r, None)
         if here != "S" and wants_high:  # a cast up of u
             b = ("up", u.name)
-            flow.add(b, here, up)
+            add(b, here, up)
             for r, _ in wants_high:
-                flow.add(r, b, None)
+                add(r, b, None)
         if here not in ("S", "T") and u.meta.get(M.NATURAL) == HIGH:
             for r, _ in wants_high:  # high -> low -> high would lose precision: forbidden
-                flow.add(r, here, None)
+                add(r, here, None)
     for r, name in var.items():
         kept = kept_for_backward(r) if training and not _free_io(r) else 0
         if kept and info(r).kind == "tensor":
             # What autograd keeps for r's backward: fp32 costs `saving` bytes more per element.
-            flow.add(name, "T", kept * float(info(r).numel or 1) * saving)
+            add(name, "T", kept * float(info(r).numel or 1) * saving)
         if _free_io(r):
-            flow.add("S", name, _PREFER_FP32)
+            add("S", name, _PREFER_FP32)
         elif r.meta.get(M.NATURAL) == HIGH:
-            flow.add("S", name, _EPS)
+            add("S", name, _EPS)
         else:
-            flow.add(name, "T", _EPS)
-    high_side = flow.source_side(list(var.values()))
+            add(name, "T", _EPS)
+    high_side = flow.source_side(list(var.values()), solved)
     for r, name in var.items():
         r.meta[M.LABEL] = HIGH if name in high_side else LOW
     for u in values:  # tied members follow their representative

@@ -110,11 +110,11 @@ class Builder:
 
 
 def new_node(graph: fx.Graph, op: str, target: Any, args: tuple = (),
-             kwargs: dict | None = None) -> fx.Node:
-    """``graph.create_node(op, target, args, kwargs)`` at the insertion point, with the
+             kwargs: dict | None = None, name: str | None = None) -> fx.Node:
+    """``graph.create_node(op, target, args, kwargs, name)`` at the insertion point, with the
     arguments set after: ``create_node`` scans them with pytree for raw SymInts (~5 us of the
     ~11 a node costs), and the passes' arguments are graph nodes and plain constants."""
-    n = graph.create_node(op, target)
+    n = graph.create_node(op, target, name=name)
     if args:
         n.args = args
     if kwargs:

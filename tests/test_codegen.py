@@ -9,7 +9,23 @@ from torch import fx
 import amprewrite
 from amprewrite import codegen
 from amprewrite.testing import zoo
-from benchmarks.transform_cost import Stack
+
+
+class Stack(torch.nn.Module):
+    """Transformer-like blocks: layer norm, linear, softmax attention, GELU, BatchNorm."""
+
+    def __init__(self, blocks: int, d: int = 16):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({
+            "ln": torch.nn.LayerNorm(d), "qkv": torch.nn.Linear(d, 3 * d),
+            "fc": torch.nn.Linear(d, d), "bn": torch.nn.BatchNorm1d(d)}) for _ in range(blocks)])
+
+    def forward(self, x):
+        for b in self.blocks:
+            q, k, v = b["qkv"](b["ln"](x)).chunk(3, -1)
+            x = x + b["fc"](torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v)
+            x = b["bn"](torch.nn.functional.gelu(x).transpose(1, 2)).transpose(1, 2)
+        return x
 
 
 def _same(graph: fx.Graph) -> None:

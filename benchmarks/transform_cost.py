@@ -2,6 +2,7 @@
 
     python -m benchmarks.transform_cost [--blocks 3 10 40 150 560] [--dynamo-blocks 3 40]
                                         [--repeats 3] [--clock cpu|wall]
+    python -m benchmarks.transform_cost --compare OTHER_CHECKOUT [--blocks 560] [--repeats 3]
 
 A synthetic transformer-style stack (linear, layer norm, softmax attention, GELU MLP, residual
 adds, BatchNorm) sized by its number of blocks (3 blocks ~ 100 nodes, 560 ~ 20,000). Each size
@@ -12,6 +13,12 @@ the cores do not count; ``load_1min`` records the load average. Fits the growth 
 law (time ~ nodes^k: k = 1 is linear). Peak memory is Python's (tracemalloc), measured in a
 further run so it does not slow the timed ones. Writes docs/benchmarks/transform_cost.{json,csv},
 with each pass's time per node (``pass_<name>_us_per_node``).
+
+``--compare OTHER_CHECKOUT`` sets two versions of amprewrite side by side on one machine in one
+run: one transform of the stack per process (symbolic trace, CPU time), the other checkout's
+amprewrite and this one's taking turns ``--repeats`` times, then each step's median per node for
+both and their ratio. Figures taken on different machines, or at different loads, are not
+comparable; a ratio from one run is. Nothing is saved.
 """
 
 from __future__ import annotations
@@ -19,10 +26,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import json
 import math
 import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -126,6 +139,40 @@ def measure(blocks: int, dynamo: bool, repeats: int = 1, clock: str = "wall") ->
     }
 
 
+def _one(blocks: int) -> dict:
+    """Each step's time per node (us, CPU time) of one transform, after a warm-up."""
+    amprewrite.transform(Stack(1), dtype=torch.bfloat16, verify=False)
+    run = _timed(Stack(blocks).eval(), torch.randn(2, 8, 16), False, "cpu")
+    steps = {k: v / run["nodes"] * 1e6 for k, v in run["timings"].items()
+             if k not in ("capture", "total", "verify")}
+    return {**steps, "passes + recompile": sum(steps.values())}
+
+
+def compare(other: Path, blocks: int, repeats: int) -> list[dict]:
+    """Interleaved runs of ``other``'s amprewrite and this checkout's: each step's median."""
+    here = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as mixed:
+        # The other checkout's amprewrite driven by this checkout's benchmark code.
+        (Path(mixed) / "amprewrite").symlink_to(other.resolve() / "amprewrite")
+        (Path(mixed) / "benchmarks").symlink_to(here / "benchmarks")
+        runs: dict[str, list[dict]] = {"other": [], "this": []}
+        for _ in range(repeats):
+            for name, path in (("other", mixed), ("this", str(here))):
+                out = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.transform_cost", "--one", str(blocks)],
+                    env={**os.environ, "PYTHONPATH": path}, cwd=path, capture_output=True,
+                    text=True, check=True)
+                runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for step in runs["this"][0]:
+        a = statistics.median(r.get(step, 0.0) for r in runs["other"])
+        b = statistics.median(r.get(step, 0.0) for r in runs["this"])
+        if max(a, b) >= 0.05:
+            rows.append({"step": step, "other_us_per_node": a, "this_us_per_node": b,
+                         "ratio": b / a if a else float("nan")})
+    return rows
+
+
 def growth(rows: list[dict], key: str) -> float:
     """Least-squares slope of log(time) against log(nodes): 1.0 is linear growth."""
     pts = [(math.log(r["nodes"]), math.log(r[key])) for r in rows if r[key] > 0]
@@ -143,7 +190,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="transforms per size; the fastest (passes + recompile) is kept")
     parser.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                         help="time in this process's CPU time (default) or wall-clock time")
+    parser.add_argument("--compare", type=Path, metavar="OTHER_CHECKOUT",
+                        help="time another checkout's amprewrite against this one, interleaved")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one run, for --compare
     args = parser.parse_args(argv)
+    if args.one is not None:
+        print(json.dumps(_one(args.one)))
+        return
+    if args.compare is not None:
+        blocks = args.blocks[-1] if args.blocks != parser.get_default("blocks") else 560
+        print(f"{args.compare} (other) against {Path(__file__).resolve().parent.parent} "
+              f"(this), {blocks} blocks, {args.repeats} rounds, CPU time, medians:")
+        print(table(compare(args.compare, blocks, args.repeats),
+                    ["step", "other_us_per_node", "this_us_per_node", "ratio"]))
+        return
     amprewrite.transform(Stack(1), dtype=torch.bfloat16)  # warm-up: imports, first trace
     amprewrite.transform(Stack(1), dtype=torch.bfloat16, example_inputs=(torch.randn(2, 8, 16),))
     rows = []

@@ -40,6 +40,7 @@ from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
+from ..modules import submodule
 from ..policy import Policy
 from ..report import record
 
@@ -161,7 +162,7 @@ def _candidates(gm: fx.GraphModule, rule: Rule) -> Iterable[fx.Node]:
         return [n for n in graph.nodes if n.op == rule.op]
     if rule.op == "call_module":
         return [n for n in graph.find_nodes(op="call_module")
-                if isinstance(gm.get_submodule(str(n.target)), rule.targets)]
+                if isinstance(submodule(gm, str(n.target)), rule.targets)]
     found: list[fx.Node] = []
     for target in rule.targets:
         found += graph.find_nodes(op=rule.op, target=target, sort=False)

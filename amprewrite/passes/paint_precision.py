@@ -28,6 +28,7 @@ from torch import fx
 from .. import meta as M
 from ..kernels import low_kernel_problem, mixed_problem
 from ..meta import HIGH, LOW, info
+from ..modules import submodule
 from ..ops import (
     FAMILIES,
     Family,
@@ -134,7 +135,7 @@ class PaintPrecision(Pass):
             return
         module = None
         if op == "call_module":
-            module = self._module[node] = gm.get_submodule(str(node.target))
+            module = self._module[node] = submodule(gm, str(node.target))
         fam = family_of(node, module)
         name = fam.name if fam else None
         meta[M.FAMILY] = name

@@ -1,0 +1,282 @@
+"""Make an ONNX file written from an amprewrite graph lean, without changing what it computes.
+
+``torch.onnx.export`` translates the transformed graph op by op: every weight the plan reads in
+float16 is stored float32 and cast when the file runs, the shape arithmetic of each ``view``
+comes as its own ``Constant``/``Cast``/``Concat`` nodes, and each node carries torch's stack
+trace as metadata (1.5 MB of the 2.1 MB zoo GPT-2 file). :func:`lean` removes all of that with
+rewrites that are exact, value for value:
+
+- a ``Cast`` or ``CastLike`` of a constant (an initializer or a ``Constant`` node) becomes the
+  cast constant: a float32 weight read only through casts to float16 is stored float16, the
+  rounding the file would have made when it runs, made once when it is written. A weight also
+  read in float32 (GPT-2's embedding, tied to its float16 head) stays float32 with its cast;
+- a cast to the type its input already has, an ``Identity``, and a widening round trip
+  (``float16 -> float32 -> float16``: every float16 is a float32) read their input instead;
+- two casts of one value to one type are one;
+- then onnxscript's constant folding, common-subexpression elimination and dead-node removal
+  (the passes of its optimizer other than its pattern rewrites, one of which folds a batch norm
+  kept in float32 into the float16 Conv before it, see ``deploy._write_onnx``);
+- node metadata and doc strings are dropped (torch's stack traces, not read by any runtime).
+
+A lossy cast pair (``float32 -> float16 -> float32``) is a rounding the plan asked for and stays.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import onnx
+from onnx import TensorProto, numpy_helper
+
+__all__ = ["cast_count", "lean"]
+
+# (from, through) pairs for which from -> through -> from is the identity: every value of
+# `from` is exactly a value of `through`.
+_WIDENING = {
+    (TensorProto.FLOAT16, TensorProto.FLOAT), (TensorProto.FLOAT16, TensorProto.DOUBLE),
+    (TensorProto.BFLOAT16, TensorProto.FLOAT), (TensorProto.BFLOAT16, TensorProto.DOUBLE),
+    (TensorProto.FLOAT, TensorProto.DOUBLE),
+}
+
+
+def cast_count(model: onnx.ModelProto) -> int:
+    """How many ``Cast`` and ``CastLike`` nodes the main graph has."""
+    return sum(n.op_type in ("Cast", "CastLike") for n in model.graph.node)
+
+
+def lean(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its constant casts folded, exact redundant casts and dead nodes removed
+    and node metadata dropped; it computes the same values. ``model`` itself is not changed.
+
+    >>> import numpy as np, onnx
+    >>> from onnx import helper as h, TensorProto as T, numpy_helper
+    >>> w = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    >>> g = h.make_graph([h.make_node("Cast", ["w"], ["w16"], to=T.FLOAT16),
+    ...                   h.make_node("MatMul", ["x", "w16"], ["y"])], "g",
+    ...                  [h.make_tensor_value_info("x", T.FLOAT16, [2, 2])],
+    ...                  [h.make_tensor_value_info("y", T.FLOAT16, [2, 2])], [w])
+    >>> out = lean(h.make_model(g, opset_imports=[h.make_opsetid("", 20)]))
+    >>> [n.op_type for n in out.graph.node], out.graph.initializer[0].data_type == T.FLOAT16
+    (['MatMul'], True)
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    for _ in range(4):  # each round can expose more (a folded cast feeds another cast)
+        before = len(graph.node), len(graph.initializer)
+        _fold_constant_casts(graph)
+        _bypass_exact(graph, _types(out))
+        _dedupe_casts(graph)
+        _drop_dead(graph)
+        if (len(graph.node), len(graph.initializer)) == before:
+            break
+    out = _onnxscript_folds(out)
+    _fold_constant_casts(out.graph)
+    _bypass_exact(out.graph, _types(out))
+    _drop_dead(out.graph)
+    for node in out.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    onnx.shape_inference.infer_shapes(out, strict_mode=True)  # raises if a type went stale
+    return out
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor whose type the file declares or ONNX infers."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # an op ONNX cannot infer: the declared types are enough, fewer folds
+        inferred = model
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*g.value_info, *g.input, *g.output] if v.type.HasField("tensor_type")}
+    types.update((i.name, i.data_type) for i in g.initializer)
+    for node in g.node:
+        if node.op_type == "Cast":
+            types[node.output[0]] = _attr(node, "to")
+    return {k: v for k, v in types.items() if v}
+
+
+def _attr(node: onnx.NodeProto, name: str) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return None
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    users: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            users[name].append(node)
+    return users
+
+
+def _fold_constant_casts(graph: onnx.GraphProto) -> None:
+    """A Cast/CastLike of a Constant node, or of an initializer every reader of which casts it
+    to one type, becomes the cast constant."""
+    constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
+    inits = {i.name: i for i in graph.initializer}
+    graph_inputs = {i.name for i in graph.input}
+    users = _consumers(graph)
+    renames: dict[str, str] = {}  # a removed weight cast's output -> the (now cast) weight
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        to = (_cast_target(node, graph, constants, inits)
+              if node.op_type in ("Cast", "CastLike") and node.input else None)
+        if node.output[0] in renames:
+            continue
+        if to is None:
+            nodes.append(node)
+            continue
+        source = node.input[0]
+        value = _attr(constants[source], "value") if source in constants else None
+        if isinstance(value, onnx.TensorProto):
+            cast = numpy_helper.to_array(value).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+            nodes.append(onnx.helper.make_node(
+                "Constant", [], [node.output[0]],
+                value=numpy_helper.from_array(cast, node.output[0])))
+            continue
+        readers = users[source]
+        if (source in inits and source not in graph_inputs
+                and all(r.op_type in ("Cast", "CastLike") and r.input[0] == source
+                        and _cast_target(r, graph, constants, inits) == to for r in readers)):
+            init = inits[source]
+            array = numpy_helper.to_array(init).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
+            init.CopyFrom(numpy_helper.from_array(array, source))
+            _set_declared_type(graph, source, to)
+            renames.update((r.output[0], source) for r in readers)
+            continue
+        nodes.append(node)
+    for node in nodes:
+        for k, name in enumerate(node.input):
+            node.input[k] = renames.get(name, name)
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    outputs = {o.name for o in graph.output}
+    # a graph output keeps its name
+    copies += [onnx.helper.make_node("Identity", [new], [old])
+               for old, new in renames.items() if old in outputs]
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def _set_declared_type(graph: onnx.GraphProto, name: str, elem_type: int) -> None:
+    for vi in graph.value_info:
+        if vi.name == name and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.elem_type = elem_type
+
+
+def _cast_target(node: onnx.NodeProto, graph: onnx.GraphProto,
+                 constants: dict[str, onnx.NodeProto],
+                 inits: dict[str, onnx.TensorProto]) -> int | None:
+    """The element type a Cast or CastLike node casts to, where the file says it."""
+    if node.op_type == "Cast":
+        return _attr(node, "to")  # type: ignore[return-value]
+    like = node.input[1] if len(node.input) > 1 else ""
+    if like in inits:
+        return inits[like].data_type
+    if like in constants:
+        value = _attr(constants[like], "value")
+        return value.data_type if isinstance(value, onnx.TensorProto) else None
+    for v in [*graph.value_info, *graph.input, *graph.output]:
+        if v.name == like and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            return v.type.tensor_type.elem_type
+    return None
+
+
+def _bypass_exact(graph: onnx.GraphProto, types: dict[str, int]) -> None:
+    """Readers of an Identity, of a cast to its input's own type, or of the second cast of a
+    widening round trip read the value before it."""
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    renames: dict[str, str] = {}
+    for node in graph.node:
+        if not node.input or node.output[0] in outputs:
+            continue
+        source = node.input[0]
+        if node.op_type == "Identity":
+            renames[node.output[0]] = source
+        elif node.op_type == "Cast":
+            to = _attr(node, "to")
+            first = producer.get(source)
+            if types.get(source) == to:
+                renames[node.output[0]] = source
+            elif (first is not None and first.op_type == "Cast"
+                  and types.get(first.input[0]) == to
+                  and (to, _attr(first, "to")) in _WIDENING):
+                renames[node.output[0]] = first.input[0]
+    _apply(graph, renames)
+
+
+def _apply(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+    """Every reader of a renamed value reads its replacement (followed to the end of a chain)."""
+    def final(name: str) -> str:
+        while name in renames:
+            name = renames[name]
+        return name
+
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in renames:
+                node.input[k] = final(name)
+
+
+def _dedupe_casts(graph: onnx.GraphProto) -> None:
+    """Casts of one value to one type: the first one's output serves every reader."""
+    outputs = {o.name for o in graph.output}
+    seen: dict[tuple, str] = {}
+    renames: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type != "Cast":
+            continue
+        key = (node.input[0], _attr(node, "to"))
+        if key in seen and node.output[0] not in outputs:
+            renames[node.output[0]] = seen[key]
+        else:
+            seen.setdefault(key, node.output[0])
+    _apply(graph, renames)
+
+
+def _drop_dead(graph: onnx.GraphProto) -> None:
+    """Nodes whose outputs nothing reads, and initializers nothing reads."""
+    live = {o.name for o in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(o in live for o in node.output) or _has_subgraph(node):
+            kept.append(node)
+            live.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    inits = [i for i in graph.initializer if i.name in live]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    known = live | {o for n in graph.node for o in n.output}
+    infos = [v for v in graph.value_info if v.name in known]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute)
+
+
+def _onnxscript_folds(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnxscript's constant folding, CSE and dead-node passes (no pattern rewrites)."""
+    from onnxscript import ir
+    from onnxscript.ir.passes import common
+    from onnxscript.optimizer import _constant_folding
+
+    irmodel = ir.serde.deserialize_model(model)
+    ir.passes.Sequential(
+        common.InlinePass(),
+        ir.passes.PassManager([_constant_folding.FoldConstantsPass(
+            shape_inference=True, input_size_limit=8192, output_size_limit=262144,
+            should_fold=lambda node: None),
+            common.RemoveUnusedNodesPass()], steps=2, early_stop=True),
+        common.CommonSubexpressionEliminationPass(),
+        common.RemoveUnusedNodesPass(),
+    )(irmodel)
+    return ir.serde.serialize_model(irmodel)

@@ -14,16 +14,17 @@ from torch import fx, nn
 
 from . import meta as M
 from .capture import capture
-from .errors import ModelError, NotVerifiedWarning, PolicyError
+from .errors import ModelError, NotVerifiedWarning, PolicyError, VerificationError
 from .exported import export_again, is_exported_program, program_inputs
 from .graphmodule import DynamoGraphModule, sources_die_with_code
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
-from .policy import Policy, Selector, check_selectors
+from .policy import Policy, Selector, calibration_batches, check_selectors
 from .progress import status, transform_progress
 from .report import POLICY_KEY, REPORT_KEY, Report, decisions_of, report
 from .shapes import BATCH
+from .verify import selector_for
 
 __all__ = ["transform"]
 
@@ -33,6 +34,7 @@ def transform(
     dtype: torch.dtype | str = torch.bfloat16,
     *,
     example_inputs: object = None,
+    calibration: Iterable[object] = (),
     keep_fp32: Iterable[Selector] = (),
     allow_low: Iterable[Selector] = (),
     params: str = "fp32",
@@ -58,6 +60,11 @@ def transform(
             model is captured by dynamo (or torch.export, ``capture=``), which handles
             real-world models; without them it is traced with ``torch.fx.symbolic_trace`` and
             ``gm.train()``/``gm.eval()`` keep switching BatchNorm and Dropout.
+        calibration: more input batches, each of the form of ``example_inputs``, whose value
+            ranges the plan reads besides the example inputs' (DESIGN.md, "Values are facts
+            too"): in fp16 a value past 65504 / 16 on any of them is computed and stored in
+            fp32, with the reason in the report. Without ``example_inputs`` the first batch
+            is the example inputs. Verification runs on the example inputs only.
         keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``), op
             family names (``"softmax"``) or graph nodes (``"node:matmul_1"``, names as in the
             report; what :func:`amprewrite.find_fp32_nodes` returns) to compute in fp32.
@@ -112,11 +119,14 @@ def transform(
         >>> type(ep).__name__, ep.module()(torch.randn(2, 8)).dtype
         ('ExportedProgram', torch.float32)
     """
+    calibration = calibration_batches(calibration)
+    if example_inputs is None and calibration:
+        example_inputs, calibration = calibration[0], calibration[1:]
     policy = Policy(dtype=dtype, keep_fp32=tuple(_items(keep_fp32, "keep_fp32")),
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
                     on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
-                    capture=capture)
+                    capture=capture, calibration=calibration)
     with transform_progress(progress):
         return transform_with(model, policy, example_inputs)
 
@@ -133,9 +143,12 @@ def _items(value: object, name: str) -> Iterable[Selector]:
 
 
 def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Policy,
-                   example_inputs: object = None, on_pass=None
+                   example_inputs: object = None, on_pass=None, advise: bool = True
                    ) -> fx.GraphModule | torch.export.ExportedProgram:
-    """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend)."""
+    """:func:`transform` with a ready :class:`~amprewrite.Policy` (used by the CLI and backend).
+
+    ``advise``: when verification fails, transform again to find ``keep_fp32`` advice that
+    passes (the error's ``keep_fp32``)."""
     if is_exported_program(model):
         return _transform_program(model, policy, example_inputs, on_pass)
     _check_model(model)
@@ -158,7 +171,12 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
     status(f"running the passes on {len(gm.graph.nodes)} nodes")
     passes = pipeline(policy, model=model, example_inputs=example_inputs)
     with sources_die_with_code():  # the passes' recompiles of a plain fx.GraphModule too
-        gm = run_pipeline(gm, passes, rep.timings, on_pass)
+        try:
+            gm = run_pipeline(gm, passes, rep.timings, on_pass)
+        except VerificationError as exc:
+            if not advise or exc.result is None:
+                raise
+            raise _with_working_advice(exc, model, policy, example_inputs) from None
     rep.decisions = decisions_of(gm, policy)
     rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
@@ -168,6 +186,49 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
                           transform_with)
     rep.timings["total"] = time.perf_counter() - start
     return gm
+
+
+# How many selectors the advice of a VerificationError may add before it gives up.
+_ADVICE_ROUNDS = 8
+
+
+def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Policy,
+                         example_inputs: object) -> VerificationError:
+    """``exc`` with advice that works as printed: ``keep_fp32`` selectors, added one culprit
+    at a time (its module's path, else its captured node's name; never a cast), until a new
+    transform with them passes the same check. The caller's selectors are kept."""
+    keep, added = list(policy.keep_fp32), []
+    first = exc.first
+    found = False
+    for round_ in range(_ADVICE_ROUNDS + 1):
+        sel = selector_for(first) if first is not None else None
+        if sel is None or sel in keep:
+            break
+        keep.append(sel)
+        added.append(sel)
+        status(f"finding advice that passes: transform {round_ + 1} with {added}", log=True)
+        trial = dataclasses.replace(policy, keep_fp32=tuple(keep))
+        try:
+            transform_with(model, trial, example_inputs, advise=False)
+        except VerificationError as again:
+            first = again.first
+            continue
+        found = True
+        break
+    text = str(exc)
+    cut = text.find(" Keep that part in fp32 (")
+    head = text if cut < 0 else text[:cut]
+    if found:
+        advice = (f" Transformed again with keep_fp32={added!r}, it passes this check: pass "
+                  "that (it keeps those modules in fp32), and please report the model if they "
+                  "are not ones you chose to run low; verify=False skips this check.")
+    else:
+        advice = (f" No keep_fp32 list of up to {_ADVICE_ROUNDS} modules or nodes found by "
+                  "transforming again made it pass (tried: "
+                  f"{added!r}); keep a larger module in fp32 (keep_fp32=[<module path>]), "
+                  "or verify=False to skip this check.")
+    return VerificationError(head + advice, result=exc.result, first=exc.first,
+                             keep_fp32=added if found else None)
 
 
 # What the progress line and the report's notes call each capture.

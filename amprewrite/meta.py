@@ -18,6 +18,7 @@ ORIG            capture (dynamo), infer_dtypes, any    every pass
 MODULE_PATH     capture (copied by copy_provenance)    reports, keep_fp32 / allow_low selectors
 MODULE_TYPES    capture (copied by copy_provenance)    keep_fp32 / allow_low by module type
 FORCE           transform_bodies, replace_upsample     paint_precision
+RANGE           record_ranges                          paint_precision, reports
 FAMILY          paint_precision                        plan, insert_casts, reports
 CLASS           paint_precision, insert_casts          plan, insert_casts, reports
 REASON          paint_precision, insert_casts          reports
@@ -72,6 +73,7 @@ NATURAL = "amp_natural"  # Label or None: the precision the value is computed in
 LABEL = "amp_label"  # Label or None: the dtype the value physically has after casts
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
+RANGE = "amp_range"  # ranges.ValueRange: the fp32 value's range on the example inputs
 REPORT_KEY = "amprewrite_report"  # gm.meta: the transform's Report
 POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transformed with
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
@@ -82,7 +84,7 @@ MIXED = "amp_mixed"
 # Where a node came from: what every node a pass makes inherits from the node it replaces.
 PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
 # What passes decide: dropped when a transformed graph is transformed again.
-PASS_WRITTEN = (FORCE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED)
+PASS_WRITTEN = (FORCE, RANGE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED)
 
 
 class Label(str, enum.Enum):

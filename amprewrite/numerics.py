@@ -13,14 +13,13 @@ from __future__ import annotations
 import torch
 from torch import fx, nn
 
-from . import meta as M
 from .api import transform
-from .ops import Precision
 from .progress import status
 from .verify import (
     CheckResult,
     NodeError,
     compare,
+    culprit_node,
     float_leaves,
     rel_err,
     verify_bound,
@@ -48,42 +47,6 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
     return compare(model, gm, example_inputs)
 
 
-def _culprit(gm: fx.GraphModule, result: CheckResult, kept: set[str]) -> str | None:
-    """The node whose move to fp32 most likely helps: the first non-finite one, else the
-    node that adds the most error on top of its inputs'."""
-    nodes = {n.name: n for n in gm.graph.nodes}
-
-    def movable(n: fx.Node) -> bool:
-        return (n.meta.get(M.CLASS) not in (None, Precision.FP32, Precision.NONFLOAT)
-                and M.CAST not in n.meta and n.name not in kept)
-
-    if result.first_nonfinite is not None:
-        start = nodes[result.first_nonfinite.node]
-        # A cast that overflows: the consumers that wanted the low value must go fp32.
-        todo = list(start.users) if M.CAST in start.meta else [start]
-        for n in todo:
-            if movable(n):
-                return n.name
-    errors = {r.node: r.rel_err for r in result.nodes if r.rel_err is not None}
-    best, best_gain = None, 0.0
-    for r in result.nodes:
-        n = nodes.get(r.node)
-        if n is None or r.rel_err is None or not movable(n):
-            continue
-        base = max((errors.get(_through_casts(a).name, 0.0) for a in n.all_input_nodes),
-                   default=0.0)
-        gain = r.rel_err - base
-        if gain > best_gain:
-            best, best_gain = n.name, gain
-    return best
-
-
-def _through_casts(n: fx.Node) -> fx.Node:
-    while M.CAST in n.meta:
-        n = n.args[0]
-    return n
-
-
 def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2,
                     dtype=torch.bfloat16, max_nodes: int = 16, **options) -> list[str]:
     """A small ``keep_fp32`` list of graph nodes with which ``model`` meets ``rtol``.
@@ -107,10 +70,10 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
         result = check_numerics(model, inputs, dtype, gm=gm)
         if result.passed(rtol):
             return keep
-        name = _culprit(gm, result, {k[5:] for k in keep if isinstance(k, str)})
-        if name is None:
+        node = culprit_node(gm, result, {k[5:] for k in keep if isinstance(k, str)})
+        if node is None:
             break
-        keep.append(f"node:{name}")
+        keep.append(f"node:{node.name}")
     raise RuntimeError(
         f"find_fp32_nodes: {len(keep)} fp32 nodes did not bring the output error under "
         f"rtol={rtol} (last: {result.output_error:.3g}, finite={result.finite}). Raise rtol or "

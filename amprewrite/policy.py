@@ -13,7 +13,7 @@ from torch import nn
 from .dtypes import low_dtype
 from .errors import PolicyError
 
-__all__ = ["CAPTURES", "Policy", "check_selectors", "parse_dtype"]
+__all__ = ["CAPTURES", "Policy", "calibration_batches", "check_selectors", "parse_dtype"]
 
 CAPTURES = {
     "dynamo": "torch._dynamo.export, a graph of torch-level ops",
@@ -39,6 +39,23 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
         "Pass dtype=torch.bfloat16 (or 'bf16') or dtype=torch.float16 (or 'fp16'); "
         "for a pure fp32 model there is nothing to rewrite."
     )
+
+
+def calibration_batches(value: object) -> tuple:
+    """``transform(calibration=...)`` as a tuple of input batches (``None``: none).
+
+    >>> len(calibration_batches([(torch.ones(2),), (torch.zeros(2),)]))
+    2
+    """
+    if value is None:
+        return ()
+    if isinstance(value, (torch.Tensor, dict, str, bytes)) or not isinstance(value, Iterable):
+        raise PolicyError(
+            "calibration must be an iterable of input batches, each of the form of "
+            "example_inputs (a tuple of positional inputs or a dict of keyword inputs), for "
+            f"example [(x1,), (x2,)] or a DataLoader of such; got {type(value).__name__}."
+        )
+    return tuple(value)
 
 
 def _selectors(name: str, value: object) -> tuple[Selector, ...]:
@@ -90,6 +107,9 @@ class Policy:
     dynamic_shapes: object = field(default="batch", hash=False)
     # With example inputs: how the model is captured (see CAPTURES).
     capture: Literal["dynamo", "export"] = "dynamo"
+    # More input batches whose value ranges the plan reads besides the example inputs'
+    # (transform(calibration=...)); data, not options: not compared, hashed or shown.
+    calibration: tuple = field(default=(), hash=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -141,6 +161,7 @@ class Policy:
                 f"{self.capture!r}. It applies with example_inputs; without them the model is "
                 "traced with torch.fx.symbolic_trace."
             )
+        object.__setattr__(self, "calibration", calibration_batches(self.calibration))
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")
         if not isinstance(self.keep_io_dtype, bool):

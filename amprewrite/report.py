@@ -10,6 +10,7 @@ from torch import fx
 from . import meta as M
 from . import runtime
 from .meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
+from .ranges import ValueRange
 
 __all__ = ["POLICY_KEY", "REPORT_KEY", "Decision", "Report", "Rewrite", "record", "report",
            "text_table"]
@@ -42,6 +43,8 @@ class Decision:
     # The dtype its output is stored in: differs from ``dtype`` for an fp32 op that reads and
     # writes the low dtype (a norm after a conv; DESIGN.md, "Compute dtype is not storage").
     storage: str | None = None
+    # The fp32 value's range on the example inputs (a parameter's: its own), when recorded.
+    range: ValueRange | None = None
 
 
 @dataclass
@@ -75,16 +78,19 @@ class Report:
     def table(self, include_nonfloat: bool = False) -> str:
         """One line per node: name, module path, family, precision, compute and storage
         dtype (``float32->bfloat16`` where they differ), reason."""
-        rows = [("node", "module", "family", "class", "dtype", "reason")]
+        ranges = any(d.range is not None for d in self.decisions)
+        rows = [["node", "module", "family", "class", "dtype", *(["|x| max"] * ranges),
+                 "reason"]]
         for d in self.decisions:
             if d.precision == "nonfloat" and not include_nonfloat:
                 continue
             dtype = (d.dtype or "-").replace("torch.", "")
             if d.storage is not None and d.storage != d.dtype:
                 dtype += "->" + d.storage.replace("torch.", "")
-            rows.append((d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
-                         d.reason))
-        return text_table([list(r) for r in rows])
+            shown = [] if not ranges else ["-" if d.range is None else _range_cell(d.range)]
+            rows.append([d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
+                         *shown, d.reason])
+        return text_table(rows)
 
     def __str__(self) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
@@ -102,6 +108,12 @@ class Report:
         lines.append("precision decisions:")
         lines.append(self.table())
         return "\n".join(lines)
+
+
+def _range_cell(r: ValueRange) -> str:
+    """``2.2e+05``, with the share of fp16-subnormal values where it is 1% or more."""
+    cell = f"{r.absmax:.3g}"
+    return cell + (f" ({r.tiny_share:.0%} subnormal)" if r.tiny_share >= 0.01 else "")
 
 
 def text_table(rows: list[list[str]]) -> str:
@@ -174,5 +186,6 @@ def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
             node.target, "__name__", str(node.target))
         out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
                             node.meta.get(M.FAMILY), precision, dtype,
-                            node.meta.get(M.REASON, ""), M.source_line(node), storage))
+                            node.meta.get(M.REASON, ""), M.source_line(node), storage,
+                            node.meta.get(M.RANGE)))
     return out

@@ -27,10 +27,10 @@ from . import meta as M
 from .capture import capture, split_inputs
 from .errors import VerificationError
 from .modules import buffer_clone_copy, get_attr
-from .ops import MASK_DRAWS
+from .ops import MASK_DRAWS, Precision
 
-__all__ = ["CheckResult", "NodeError", "compare", "float_leaves", "rel_err", "verify_bound",
-           "verify_graph"]
+__all__ = ["CheckResult", "NodeError", "compare", "culprit_node", "float_leaves", "rel_err",
+           "selector_for", "verify_bound", "verify_graph"]
 
 
 @dataclass(frozen=True)
@@ -338,11 +338,66 @@ def verify_graph(model: nn.Module, gm: fx.GraphModule, example_inputs: object,
         err = "non-finite" if not culprit.finite else f"error {culprit.rel_err:.3g}"
         where = (f" The first node that departs from fp32 is '{culprit.node}'{at}{src}, "
                  f"a {culprit.precision} node ({err}).")
-    keep = f"keep_fp32=['node:{culprit.node}']" if culprit is not None else "keep_fp32=[...]"
+    kept = {s[5:] for s in getattr(gm.meta.get(M.POLICY_KEY), "keep_fp32", ())
+            if isinstance(s, str) and s.startswith("node:")}
+    first = culprit_node(gm, result, kept)
+    sel = selector_for(first) if first is not None else None
+    keep = f"keep_fp32=[{sel!r}]" if sel is not None else "keep_fp32=[<module path>]"
     raise VerificationError(
         f"the transformed graph's output error against fp32 is {ours:.3g} on the example "
         f"inputs, where torch.autocast's is {theirs:.3g} (accepted: up to {bound:.3g}).{where} "
         f"Keep that part in fp32 ({keep}, or amprewrite.find_fp32_nodes finds a list), and "
         "please report the model if the node is not one you chose to run low; "
-        "verify=False skips this check."
+        "verify=False skips this check.", result=result, first=first
     )
+
+
+def culprit_node(gm: fx.GraphModule, result: CheckResult, kept: set[str]) -> fx.Node | None:
+    """The node of ``gm`` whose move to fp32 most likely helps: the first non-finite one (the
+    readers of a cast that overflows), else the node that adds the most error on top of its
+    inputs'. Never a cast, an FP32 node or a node named in ``kept``."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+
+    def movable(n: fx.Node) -> bool:
+        return (n.meta.get(M.CLASS) not in (None, Precision.FP32, Precision.NONFLOAT)
+                and M.CAST not in n.meta and n.name not in kept)
+
+    if result.first_nonfinite is not None:
+        start = nodes[result.first_nonfinite.node]
+        # A cast that overflows: the consumers that wanted the low value must go fp32.
+        todo = list(start.users) if M.CAST in start.meta else [start]
+        for n in todo:
+            if movable(n):
+                return n
+    errors = {r.node: r.rel_err for r in result.nodes if r.rel_err is not None}
+    best, best_gain = None, 0.0
+    for r in result.nodes:
+        n = nodes.get(r.node)
+        if n is None or r.rel_err is None or not movable(n):
+            continue
+        base = max((errors.get(_through_casts(a).name, 0.0) for a in n.all_input_nodes),
+                   default=0.0)
+        gain = r.rel_err - base
+        if gain > best_gain:
+            best, best_gain = n, gain
+    return best
+
+
+def _through_casts(n: fx.Node) -> fx.Node:
+    while M.CAST in n.meta:
+        n = n.args[0]
+    return n
+
+
+def selector_for(node: fx.Node) -> str | None:
+    """The ``keep_fp32`` entry that names ``node`` in a new capture of the same model: its
+    module's path, else ``"node:<name>"`` for a node capture made; None for a cast or a node
+    a pass made outside any module (a new capture does not have it)."""
+    if M.CAST in node.meta:
+        return None
+    path = node.meta.get(M.MODULE_PATH)
+    if path:
+        return path
+    if M.MADE_BY in node.meta:
+        return None
+    return f"node:{node.name}"

@@ -248,8 +248,9 @@ def rewrites(gm, pass_name: str) -> list:
 
 
 def corrupt_a_linear(monkeypatch, last: bool = False) -> list[str]:
-    """Append a deliberately broken rewrite to the pipeline: the first (or last) linear's output
-    is off by 50%. Returns the list the broken node's name is put in, for the message checks."""
+    """Append a deliberately broken rewrite to the pipeline: the first (or last) linear planned
+    in low precision gets an output off by 50% (a wrong low-precision kernel: keeping it in fp32
+    is the fix). Returns the list the broken node's name is put in, for the message checks."""
     import torch.nn.functional as F
 
     import amprewrite.api as api
@@ -266,7 +267,8 @@ def corrupt_a_linear(monkeypatch, last: bool = False) -> list[str]:
         def run(self, gm):
             nodes = list(gm.graph.nodes)
             for node in reversed(nodes) if last else nodes:
-                if node.target in (F.linear, torch._C._nn.linear):
+                if (node.target in (F.linear, torch._C._nn.linear)
+                        and node.meta.get(M.CLASS) == Precision.LOW):
                     node.target = bad_linear
                     corrupted.append(node.name)
                     return True

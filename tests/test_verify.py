@@ -175,8 +175,16 @@ def test_wrong_graph_in_train_mode_raises_and_leaves_the_model_as_it_was(monkeyp
     stats = _buffers(model)
     with unchanged(model), pytest.raises(VerificationError) as err:
         amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(64, 16),))
-    assert f"first node that departs from fp32 is '{corrupted[-1]}'" in str(
+    assert f"first node that departs from fp32 is '{corrupted[0]}'" in str(
         err.value)
+    for name, value in model.named_buffers():
+        assert torch.equal(value, stats[name]), name
+    # The printed advice, applied as printed, passes (and still leaves the model as it was).
+    keep = err.value.keep_fp32
+    assert keep and f"keep_fp32={keep!r}, it passes this check" in str(err.value)
+    with unchanged(model):
+        amprewrite.transform(model, torch.bfloat16, example_inputs=(torch.randn(64, 16),),
+                             keep_fp32=keep)
     for name, value in model.named_buffers():
         assert torch.equal(value, stats[name]), name
 

@@ -21,6 +21,7 @@ from ..codegen import lint, recompile
 from ..errors import AmpRewriteError, PassError
 from ..policy import Policy
 from ..progress import detail
+from ..ranges import declared_fp32
 from .base import CAPTURED, Kind, Pass
 from .freeze_dtype_reads import FreezeDtypeReads
 from .functionalize import Functionalize
@@ -30,6 +31,7 @@ from .normalize import NormalizeModules
 from .paint_precision import PaintPrecision
 from .plan_casts import PlanCasts
 from .recompute_islands import RecomputeIslands
+from .record_ranges import RecordRanges
 from .replace_upsample import ReplaceUpsample
 from .store_params import StoreParams
 from .transform_bodies import TransformBodies
@@ -58,6 +60,9 @@ PASSES: tuple[type[Pass], ...] = (
     VectorizeLoops,
     # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
     ReplaceUpsample,
+    # After every rewrite (it records the values of the ops painting will see), before
+    # painting, which reads the ranges like a precision class.
+    RecordRanges,
     PaintPrecision,
     # The cast plan (which dtype each value is stored in), then the casts that realise it.
     PlanCasts,
@@ -75,11 +80,16 @@ PASSES: tuple[type[Pass], ...] = (
 def pipeline(policy: Policy, model: nn.Module | None = None,
              example_inputs: object = None) -> list[Pass]:
     """The passes of a transform, in the order they run, bound to ``policy``; ``model`` and
-    ``example_inputs`` are what the last step verifies the graph against (none: no check)."""
+    ``example_inputs`` are what ranges are recorded on and the last step verifies the graph
+    against (none: no check), and ``model`` what declares parameters fp32."""
     passes = [cls(policy) for cls in PASSES]
     for p in passes:
         if isinstance(p, TransformBodies):
             p.run_inner = _run_inner
+        elif isinstance(p, RecordRanges):
+            p.example_inputs = example_inputs
+        elif isinstance(p, PaintPrecision) and model is not None:
+            p.declared = declared_fp32(model, policy.dtype)
         elif isinstance(p, VerifyOutput):
             p.model, p.example_inputs = model, example_inputs
     return passes

@@ -11,7 +11,15 @@ Order of the rules, each overriding the previous (the reason of the last one is 
    LOW op: bf16 keeps only 769 distinct values of 0..4095, so positions would collide; and
    **static LOW ops**: a matmul-like op on parameters, buffers and constants only (SwinV2's
    position-bias MLP) runs in FP32: no input reaches it, so its cost does not grow with the batch;
-3. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name).
+3. **declarations**: ops that read a parameter the model's authors declare fp32
+   (transformers' ``_keep_in_fp32_modules`` in fp16, ``_keep_in_fp32_modules_strict`` in fp16
+   and bf16; :func:`amprewrite.ranges.declared_fp32`), through views of it, run in FP32;
+4. **ranges** (``meta[RANGE]``, recorded by record_ranges): a value whose magnitude on the
+   example inputs passes :func:`amprewrite.ranges.range_limit` is computed and stored in FP32,
+   and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
+   subnormal (a 1e-6 layer scale in fp16);
+5. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name);
+   ``allow_low`` also gives back the class a range or a non-strict declaration took.
 
 Then the *natural* precision of each float value follows in topological order: LOW ops are
 low, FP32 ops high, PROMOTE and NEUTRAL ops the widest of their float inputs (autocast's rule,
@@ -46,6 +54,7 @@ from ..ops import (
     writes_in_place,
 )
 from ..policy import Selector
+from ..ranges import TINY_SHARE, describe_limit, range_limit
 from ..report import REPORT_KEY
 from .base import Kind, Pass
 
@@ -90,8 +99,11 @@ class PaintPrecision(Pass):
     ``meta[NATURAL]``."""
 
     name, kind = "paint_precision", Kind.ANALYSIS
-    requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE)
+    requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE, M.RANGE)
     writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED)
+    # Parameter and buffer names the model declares fp32, with the attribute that declares
+    # them (set by passes.pipeline from the model; ranges.declared_fp32).
+    declared: dict[str, str] | None = None
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
@@ -109,6 +121,12 @@ class PaintPrecision(Pass):
             self._classify(gm, node, low)
         self._cones(gm)
         self._static(gm)
+        # What a declaration or a range took, for allow_low to give back: node -> (class, why).
+        self._taken: dict[fx.Node, tuple[Precision, str]] = {}
+        self._strict: set[fx.Node] = set()  # declared by _keep_in_fp32_modules_strict
+        if self.declared:
+            self._declarations(gm)
+        self._ranges(gm, low)
         if self.policy.keep_fp32 or self.policy.allow_low:
             for node in M.each_node(gm.graph):
                 self._override(node)
@@ -250,6 +268,77 @@ class PaintPrecision(Pass):
                 node.meta[M.REASON] = ("computed from parameters and buffers only (no input "
                                        "reaches it): fp32, its cost does not grow with the batch")
 
+    def _declarations(self, gm: fx.GraphModule) -> None:
+        """Ops that read a declared parameter (or a view of one) compute in FP32: what
+        transformers' ``from_pretrained(dtype=...)`` gives by loading it fp32 (T5's ``wo`` in
+        fp16, a MoE router's gate in bf16 too)."""
+        declared = self.declared or {}
+        for node in gm.graph.nodes:
+            attr = declared.get(str(node.target)) if node.op == "get_attr" else None
+            if attr is None:
+                continue
+            why = f"declared fp32 by the model ({attr}): reads '{node.target}'"
+            todo, seen = list(node.users), set()
+            while todo:
+                user = todo.pop()
+                cls = user.meta.get(M.CLASS)
+                if user in seen or cls in (None, _P_NONFLOAT) or user in self._writes:
+                    continue
+                seen.add(user)
+                if cls == _P_NEUTRAL and (fam := self._family[user]) is not None \
+                        and fam.out is not _CONVERT:
+                    todo.extend(user.users)  # a view of the parameter: what reads it, too
+                self._take(user, why, strict=attr.endswith("_strict"))
+
+    def _ranges(self, gm: fx.GraphModule, low: torch.dtype) -> None:
+        """Values past the low dtype's range (with headroom) are computed and stored in FP32,
+        and so are LOW ops reading one, or reading a weight stored mostly subnormal."""
+        limit = range_limit(low)
+        if limit >= torch.finfo(torch.float32).max / 2:
+            return  # bfloat16: fp32's exponent range, nothing a range can rule out
+        short = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
+        extra = len(self.policy.calibration)
+        where = "the example inputs" + (
+            f" and {extra} calibration batch{'es' * (extra > 1)}" if extra else "")
+        for node in gm.graph.nodes:
+            cls = node.meta.get(M.CLASS)
+            if cls in (None, _P_NONFLOAT) or node in self._writes:
+                continue
+            why = None
+            r = node.meta.get(M.RANGE)
+            if cls != _P_FP32 and r is not None and r.absmax > limit:
+                why = (f"range: |{node.name}| up to {r.absmax:.3g} on {where} > "
+                       f"{describe_limit(low)}")
+            elif cls == _P_LOW:
+                for arg in node.all_input_nodes:
+                    ra = arg.meta.get(M.RANGE)
+                    if ra is None:
+                        continue
+                    what = "weight" if arg.op == "get_attr" else "input"
+                    if ra.absmax > limit:
+                        seen = "" if arg.op == "get_attr" else f" on {where}"
+                        name = arg.target if arg.op == "get_attr" else arg.name
+                        why = (f"range: reads {what} '{name}' with |x| up to {ra.absmax:.3g}"
+                               f"{seen} > {describe_limit(low)}")
+                        break
+                    if arg.op == "get_attr" and ra.tiny_share > TINY_SHARE:
+                        why = (f"range: {short} would store weight '{arg.target}' mostly "
+                               f"subnormal ({ra.tiny_share:.0%} of its nonzero values below "
+                               f"{torch.finfo(low).tiny:.2g})")
+                        break
+            if why is not None:
+                self._take(node, why)
+
+    def _take(self, node: fx.Node, why: str, strict: bool = False) -> None:
+        """Make ``node`` FP32 for ``why``, remembering what it was (allow_low gives it back)."""
+        if node not in self._taken:
+            self._taken[node] = (node.meta[M.CLASS], node.meta[M.REASON])
+        if strict:
+            self._strict.add(node)
+        node.meta[M.CLASS] = _P_FP32
+        node.meta[M.REASON] = why
+        node.meta.pop(M.TIED, None)
+
     def _is_seed(self, node: fx.Node) -> bool:
         """Does ``node`` turn integer values into floats (a position cone's start)?
 
@@ -288,7 +377,13 @@ class PaintPrecision(Pass):
                 node.meta.pop(M.TIED, None)
                 return
         for sel in self.policy.allow_low:
-            if matches(node, sel) and cls == _P_FP32:
+            if matches(node, sel) and node in self._taken and node not in self._strict:
+                # A range or a non-strict declaration took it: the user vouches for its class.
+                before, why = self._taken[node]
+                node.meta[M.CLASS] = before
+                node.meta[M.REASON] = f"allow_low={_show(sel)}: {why} (was: {node.meta[M.REASON]})"
+                return
+            if matches(node, sel) and cls == _P_FP32 and node not in self._strict:
                 node.meta[M.CLASS] = _P_PROMOTE
                 node.meta[M.REASON] = f"allow_low={_show(sel)}: runs in its inputs' precision"
                 return

@@ -1,0 +1,142 @@
+"""Values are facts too: the range of every value on the example inputs, and the model's own
+fp32 declarations (DESIGN.md, "Values are facts too").
+
+A :class:`ValueRange` is what the fp32 graph produced at a node on the example inputs (and any
+calibration batches): the largest magnitude and, for fp16, the share of nonzero values below
+the smallest normal number. The pass :mod:`amprewrite.passes.record_ranges` runs the graph
+once per batch to find them; :func:`tensor_range` reads a parameter's directly. The pass
+:mod:`amprewrite.passes.paint_precision` reads them like a precision class: a value past
+:func:`range_limit` is computed and stored in fp32.
+
+fp16 stops at 65504. A value seen at ``|x| = 4,000`` on a handful of example inputs can pass
+that on other inputs, and a weight trained on keeps growing, so the limit keeps a headroom of
+:data:`HEADROOM` (16x, 4 bits of exponent) below the dtype's largest finite number. Measured on
+the zoo's models (random weights, their example inputs): the largest activation any LOW op reads
+or writes is below 100, so the headroom changes none of their graphs.
+
+>>> range_limit(torch.float16)
+4094.0
+>>> r = tensor_range(torch.tensor([1e-6, 2e-6, 1.0, 0.0]), torch.float16)
+>>> r.absmax, round(r.tiny_share, 3)
+(1.0, 0.667)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["HEADROOM", "TINY_SHARE", "ValueRange", "declared_fp32", "describe_limit", "merge",
+           "range_limit", "tensor_range"]
+
+HEADROOM = 16.0
+"""How far below the low dtype's largest finite number a value must stay to be computed low."""
+
+TINY_SHARE = 0.5
+"""A weight with more than this share of its nonzero values below the low dtype's smallest
+normal number would be stored mostly subnormal (a 1e-6 layer scale in fp16): it stays fp32."""
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """The range of one value over the batches it was seen on.
+
+    ``absmax``: the largest magnitude (``nan`` where the fp32 value itself holds NaN only);
+    ``tiny_share``: the share of nonzero values whose magnitude is below the low dtype's
+    smallest normal number (0.0 for bfloat16, whose normal range is fp32's); ``batches``: how
+    many batches the range was taken over (0 for a parameter, known without running).
+    """
+
+    absmax: float
+    tiny_share: float = 0.0
+    batches: int = 0
+
+    def __str__(self) -> str:
+        tiny = f", {self.tiny_share:.0%} subnormal" if self.tiny_share >= 0.005 else ""
+        return f"|x| <= {self.absmax:.3g}{tiny}"
+
+
+def range_limit(low: torch.dtype) -> float:
+    """The largest magnitude a value may reach to be computed and stored in ``low``."""
+    return math.floor(torch.finfo(low).max / HEADROOM)
+
+
+def describe_limit(low: torch.dtype) -> str:
+    """``"fp16 max 65504 / headroom 16"``: how :func:`range_limit` was made, for reasons."""
+    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
+    return f"{name} max {torch.finfo(low).max:.6g} / headroom {HEADROOM:g}"
+
+
+def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0) -> ValueRange:
+    """The :class:`ValueRange` of one float tensor (its values, not its dtype's)."""
+    with torch.no_grad():
+        a = t.detach().abs()
+        if a.numel() == 0:
+            return ValueRange(0.0, 0.0, batches)
+        finite = torch.isfinite(a)
+        absmax = float(a.amax()) if bool(finite.all()) else (
+            math.inf if bool(torch.isinf(a).any()) else math.nan)
+        tiny_share = 0.0
+        if low == torch.float16:
+            nonzero = int(torch.count_nonzero(a))
+            if nonzero:
+                tiny = int(torch.count_nonzero((a > 0) & (a < torch.finfo(low).tiny)))
+                tiny_share = tiny / nonzero
+    return ValueRange(absmax, tiny_share, batches)
+
+
+def merge(a: ValueRange | None, b: ValueRange) -> ValueRange:
+    """The range over the batches of both."""
+    if a is None:
+        return b
+    absmax = (a.absmax if math.isnan(b.absmax) else b.absmax if math.isnan(a.absmax)
+              else max(a.absmax, b.absmax))
+    total = a.batches + b.batches
+    share = ((a.tiny_share * a.batches + b.tiny_share * b.batches) / total if total
+             else max(a.tiny_share, b.tiny_share))
+    return ValueRange(absmax, share, total)
+
+
+# --- the model authors' own declarations -----------------------------------------------------
+_DECLARATIONS = (
+    # (attribute, the dtypes it applies to): transformers' PreTrainedModel._get_dtype_plan.
+    ("_keep_in_fp32_modules_strict", (torch.float16, torch.bfloat16)),
+    ("_keep_in_fp32_modules", (torch.float16,)),
+)
+
+
+def declared_fp32(model: nn.Module, low: torch.dtype) -> dict[str, str]:
+    """Parameter and buffer names of ``model`` its authors declare fp32 for ``low``, each with
+    the attribute that declares it (``"_keep_in_fp32_modules_strict"`` first).
+
+    transformers' models declare them in ``_keep_in_fp32_modules`` (applied when loading in
+    fp16) and ``_keep_in_fp32_modules_strict`` (fp16 and bf16); ``from_pretrained`` matches each
+    entry against the parameter names as a regular expression search with ``*`` for any text
+    (``PreTrainedModel._get_dtype_plan`` and ``build_glob_alternation``). The same rule here.
+
+    >>> class Net(nn.Module):
+    ...     _keep_in_fp32_modules = ["wo"]
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.wi, self.wo = nn.Linear(2, 2), nn.Linear(2, 2)
+    >>> declared_fp32(Net(), torch.float16)
+    {'wo.weight': '_keep_in_fp32_modules', 'wo.bias': '_keep_in_fp32_modules'}
+    >>> declared_fp32(Net(), torch.bfloat16)
+    {}
+    """
+    out: dict[str, str] = {}
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    names += [name for name, _ in model.named_buffers(remove_duplicate=False)]
+    for attr, dtypes in _DECLARATIONS:
+        globs = getattr(model, attr, None)
+        if not globs or low not in dtypes:
+            continue
+        pattern = re.compile("|".join(f"(?:{g.replace('*', '.*')})" for g in sorted(globs)))
+        for name in names:
+            if name not in out and pattern.search(name):
+                out[name] = attr
+    return out

@@ -11,6 +11,7 @@ compares its outputs with the fp32 model's, torch.autocast's and the GraphModule
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -67,6 +68,9 @@ class CheckRow:
     error: float  # the artefact's relative error against the fp32 model
     autocast_error: float  # torch.autocast's on the same inputs (inf where autocast fails)
     graph_error: float  # the artefact's relative difference from the GraphModule's output
+    # ONNX only: the file's error against fp32 with every value it declares float16 really
+    # rounded (amprewrite/onnx_rounded.py); onnxruntime's CPU provider skips most roundings.
+    rounded_error: float | None = None
 
     @property
     def equal(self) -> bool:
@@ -117,9 +121,11 @@ class DeployResult:
             return "\n".join([*lines, f"not checked: {self.skipped}"])
         if self.rows:
             lines.append(f"loaded with {_LOADER[self.to]} and run; relative errors:")
-            table = [["batch", "vs fp32", "autocast vs fp32", "vs GraphModule",
-                      f"equal (<= {SAME_AS_GRAPH:g})"]]
+            rounded = any(r.rounded_error is not None for r in self.rows)
+            table = [["batch", "vs fp32", *([f"{dtype} rounded vs fp32"] if rounded else []),
+                      "autocast vs fp32", "vs GraphModule", f"equal (<= {SAME_AS_GRAPH:g})"]]
             table += [["-" if r.batch is None else str(r.batch), f"{r.error:.3e}",
+                       *([_num(r.rounded_error)] if rounded else []),
                        f"{r.autocast_error:.3e}", f"{r.graph_error:.3e}",
                        "yes" if r.equal else "no"] for r in self.rows]
             lines += ["  " + line for line in text_table(table).splitlines()]
@@ -269,7 +275,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         return result
     result.rule = (
         f"{'onnxruntime' if to == 'onnx' else 'the AOTInductor package'}'s error against fp32 "
-        f"is within transform's own bound at every batch size (4x autocast's + "
+        + ("and the file's with every value it declares low rounded " if to == "onnx" else "")
+        + f"is within transform's own bound at every batch size (4x autocast's + "
         f"{VERIFY_ROUNDOFFS} unit roundoffs of {str(dtype).replace('torch.', '')}; its own "
         "kernels round differently from the GraphModule's)" if to in _OWN_KERNELS else
         f"the artefact's outputs equal the GraphModule's within {SAME_AS_GRAPH:g} relative at "
@@ -305,22 +312,39 @@ def _write_aoti(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
 
 
 def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
+    import onnx
+
+    from .onnx_lean import lean
+
     status("writing ONNX with torch.onnx.export(dynamo=True)", log=True)
     size = sum(t.numel() * t.element_size() for t in ep.state_dict.values())
+    external = size > _ONNX_INLINE_BYTES
     try:
         # optimize=False: onnxscript's optimizer (0.7) folds a batch norm kept in fp32 into the
         # fp16 Conv before it and writes fp32 weights for that Conv, which onnxruntime refuses
-        # ("bound to different types"). Its constant folding skips weights above 8192 elements
-        # anyway, and onnxruntime folds the weight casts when it loads the file.
+        # ("bound to different types"). onnx_lean.lean runs its folding passes without that
+        # rewrite.
         torch.onnx.export(ep, args, os.fspath(path), kwargs=kwargs, dynamo=True,
-                          optimize=False, verbose=False, external_data=size > _ONNX_INLINE_BYTES)
+                          optimize=False, verbose=False, external_data=external)
     except Exception as exc:
         raise DeployError(
             f"torch.onnx.export failed on the exported program: {type(exc).__name__}: "
             f"{_first_line(exc)}. to='pt2' writes the torch.export program, which needs no "
             "translation.") from None
     data = path.with_name(path.name + ".data")
-    return [path, data] if size > _ONNX_INLINE_BYTES and data.exists() else [path]
+    status("making the ONNX file lean (weights read only in float16 stored float16)", log=True)
+    model = onnx.load(os.fspath(path))
+    try:
+        model = lean(model)  # exact: see amprewrite/onnx_lean.py
+    except Exception as exc:  # a bug to report, not a reason to ship nothing
+        logging.getLogger("amprewrite").warning(
+            "the ONNX file is written as torch.onnx.export wrote it: making it lean failed "
+            "(%s: %s); please report the model", type(exc).__name__, _first_line(exc))
+        return [path, data] if external and data.exists() else [path]
+    if external:
+        data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
+    onnx.save(model, os.fspath(path), save_as_external_data=external, location=data.name)
+    return [path, data] if external and data.exists() else [path]
 
 
 _WRITERS: dict[str, Callable[..., list[Path]]] = {
@@ -353,24 +377,44 @@ def _load_aoti(path: Path) -> Callable[..., object]:
     return torch._inductor.aoti_load_package(os.fspath(path))
 
 
-def _load_onnx(path: Path) -> Callable[..., object]:
-    import onnxruntime
+class _OnnxFile:
+    """An ONNX file in onnxruntime's CPU provider, as a deployment runs it; :meth:`rounded`
+    runs it with every value it declares float16 really rounded (amprewrite/onnx_rounded.py:
+    the CPU provider computes most float16 ops in float32 and drops the roundings between
+    them, which hides overflow)."""
 
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: it warns about each fold it cannot make
-    session = onnxruntime.InferenceSession(os.fspath(path), options,
-                                           providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
+    def __init__(self, path: Path) -> None:
+        import onnxruntime
 
-    def run(*args: object, **kwargs: object) -> list[torch.Tensor]:
+        options = onnxruntime.SessionOptions()
+        options.log_severity_level = 3  # errors only: it warns about each fold it cannot make
+        self.path = path
+        self.session = onnxruntime.InferenceSession(os.fspath(path), options,
+                                                    providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+        self._rounded = None
+
+    def feeds(self, args: tuple, kwargs: dict) -> dict[str, object]:
         tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if len(tensors) != len(names):
-            raise RuntimeError(f"the ONNX graph takes {len(names)} inputs ({', '.join(names)}) "
-                               f"and the example has {len(tensors)} tensors")
-        feeds = {n: t.detach().cpu().numpy() for n, t in zip(names, tensors)}
-        return [torch.from_numpy(a) for a in session.run(None, feeds)]
+        if len(tensors) != len(self.names):
+            raise RuntimeError(f"the ONNX graph takes {len(self.names)} inputs "
+                               f"({', '.join(self.names)}) and the example has {len(tensors)} "
+                               "tensors")
+        return {n: t.detach().cpu().numpy() for n, t in zip(self.names, tensors)}
 
-    return run
+    def __call__(self, *args: object, **kwargs: object) -> list[torch.Tensor]:
+        return [torch.from_numpy(a) for a in self.session.run(None, self.feeds(args, kwargs))]
+
+    def rounded(self, *args: object, **kwargs: object) -> list[torch.Tensor]:
+        from .onnx_rounded import RoundedSession
+
+        if self._rounded is None:
+            self._rounded = RoundedSession(self.path)
+        return [torch.from_numpy(a) for a in self._rounded.run(self.feeds(args, kwargs))]
+
+
+def _load_onnx(path: Path) -> Callable[..., object]:
+    return _OnnxFile(path)
 
 
 _LOADERS: dict[str, Callable[[Path], Callable[..., object]]] = {
@@ -414,6 +458,16 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
                                 "measure")
         row = CheckRow(batch, _worst(outs, refs),
                        math.inf if autos is None else _worst(autos, refs), _worst(outs, graphs))
+        if isinstance(artefact, _OnnxFile):
+            try:
+                with _quiet():
+                    rounded = [o for o in artefact.rounded(*a, **k) if o.is_floating_point()]
+            except Exception as exc:
+                result.problems.append(
+                    f"the ONNX file could not be run with its float16 values rounded at batch "
+                    f"{batch}: {type(exc).__name__}: {_first_line(exc)}")
+            else:
+                row = dataclasses.replace(row, rounded_error=_worst(rounded, refs))
         result.rows.append(row)
         if result.to in _OWN_KERNELS:
             bound = verify_bound(row.autocast_error, result.dtype)
@@ -423,6 +477,19 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
                     f"{row.error:.3g}, "
                     f"above the {bound:.3g} transform's check accepts (autocast's: "
                     f"{row.autocast_error:.3g})")
+            if row.rounded_error is not None and not row.rounded_error <= bound:
+                finite = all(bool(torch.isfinite(r).all()) for r in refs)
+                result.problems.append(
+                    f"at batch {batch}, with every value the ONNX file declares "
+                    f"{_dtype_name(result.dtype)} rounded to it (as a {_dtype_name(result.dtype)}"
+                    " runtime computes; onnxruntime's CPU provider computes most of them in "
+                    "float32), the file's error against fp32 is "
+                    + ("non-finite where fp32 is finite: a value passes the dtype's range. "
+                       "Transform with example inputs that reach the model's real ranges, or "
+                       "keep the overflowing modules in fp32 (keep_fp32=...)"
+                       if finite and not math.isfinite(row.rounded_error) else
+                       f"{row.rounded_error:.3g}, above the {bound:.3g} transform's check "
+                       "accepts"))
         elif not row.equal:
             result.problems.append(
                 f"at batch {batch} the artefact departs from the GraphModule by "
@@ -546,6 +613,14 @@ def _resized(args: tuple, kwargs: dict, batched: list[int], n: int) -> tuple[tup
         if leaves[i].shape[0] == example:
             leaves[i] = leaves[i][rows.to(leaves[i].device)]
     return pytree.tree_unflatten(leaves, spec)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3e}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -263,6 +263,15 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
                for a in node.attribute)
 
 
+def _fold_unless_weight_cast(node) -> bool | None:
+    """onnxscript's folding rule, except for a cast of an initializer: one still there is
+    also read in its own type, and folding it would store the weight twice."""
+    if node.op_type in ("Cast", "CastLike") and node.inputs[0] is not None \
+            and node.inputs[0].is_initializer():
+        return False
+    return None
+
+
 def _onnxscript_folds(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnxscript's constant folding, CSE and dead-node passes (no pattern rewrites)."""
     from onnxscript import ir
@@ -274,7 +283,7 @@ def _onnxscript_folds(model: onnx.ModelProto) -> onnx.ModelProto:
         common.InlinePass(),
         ir.passes.PassManager([_constant_folding.FoldConstantsPass(
             shape_inference=True, input_size_limit=8192, output_size_limit=262144,
-            should_fold=lambda node: None),
+            should_fold=_fold_unless_weight_cast),
             common.RemoveUnusedNodesPass()], steps=2, early_stop=True),
         common.CommonSubexpressionEliminationPass(),
         common.RemoveUnusedNodesPass(),

@@ -171,6 +171,66 @@ def test_onnx_fp16_runs_in_onnxruntime(models, tmp_path):
     assert like_autocast(rel_err(got, ref), auto, torch.float16), (rel_err(got, ref), auto)
 
 
+class _Scale(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x * 1000 / 1000, -1)
+
+
+class _ScaleInHalf(torch.nn.Module):
+    """_Scale computed in float16: x * 1000 passes 65504 where |x| > 65.5."""
+
+    def forward(self, x):
+        return torch.softmax((x.half() * 1000 / 1000).float(), -1)
+
+
+def test_the_onnx_check_rounds_what_the_file_declares_float16(tmp_path, monkeypatch):
+    """onnxruntime's CPU provider computes the float16 Mul and Div in float32 and drops the
+    roundings between them, so the file runs finite there; with its float16 values rounded
+    (as any float16 runtime computes) it is inf, and the check fails saying so."""
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+    # A graph with an fp16 overflow, as transform would give were its plan wrong.
+    monkeypatch.setattr(deploy, "transform", lambda *a, **k: torch.fx.symbolic_trace(
+        _ScaleInHalf()))
+    x = torch.linspace(-100, 100, 32).reshape(4, 8)
+    result = deploy.export(_Scale().eval(), (x,), path=tmp_path / "scale.onnx", to="onnx",
+                           dtype="fp16", dynamic_batch=False)
+    (row,) = result.rows
+    assert row.error < 1e-3  # onnxruntime CPU: finite and close to fp32
+    assert row.rounded_error == float("inf")  # rounded: the overflow is there
+    assert not result.passed
+    (problem,) = result.problems
+    assert "rounded to it" in problem and "non-finite where fp32 is finite" in problem
+    assert "float16 rounded vs fp32" in result.summary()
+
+
+def test_an_fp16_onnx_file_stores_float16_weights_and_no_redundant_cast(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    for name in ("onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64), torch.nn.Softmax(-1)).eval()
+    result = deploy.export(model, (torch.randn(4, 64),), path=tmp_path / "mlp.onnx",
+                           to="onnx", dtype="fp16")
+    assert result.passed, result.summary()
+    assert all(r.rounded_error is not None and r.rounded_error <= r.error * 4 + 1e-3
+               for r in result.rows)
+    file = onnx.load(str(result.path))
+    inits = {i.name: i.data_type for i in file.graph.initializer}
+    # every Linear weight and bias is read only by a float16 Gemm: stored float16
+    assert {inits[n] for n in inits if n.startswith(("0.", "2."))} == {onnx.TensorProto.FLOAT16}
+    fp32_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert result.path.stat().st_size < 0.55 * fp32_bytes
+    casts = [n for n in file.graph.node if n.op_type in ("Cast", "CastLike")]
+    made = {o for n in file.graph.node for o in n.output}
+    assert all(c.input[0] in made or c.input[0] in {i.name for i in file.graph.input}
+               for c in casts)  # no cast of a constant or weight
+    keys = [(c.input[0], c.attribute[0].i) for c in casts]
+    assert len(keys) == len(set(keys))  # no two casts of one value to one type
+    assert not any(n.metadata_props for n in file.graph.node)
+
+
 def test_bf16_onnx_is_refused_up_front_with_the_reason_and_the_way_out(models, tmp_path):
     out = tmp_path / "net.onnx"
     done = run("export", f"{models}:net", "--to", "onnx", "--out", out)  # bf16 is the default

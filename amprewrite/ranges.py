@@ -45,7 +45,7 @@ normal number would be stored mostly subnormal (a 1e-6 layer scale in fp16): it 
 class ValueRange:
     """The range of one value over the batches it was seen on.
 
-    ``absmax``: the largest magnitude (``nan`` where the fp32 value itself holds NaN only);
+    ``absmax``: the largest finite magnitude (inf and NaN of the fp32 model itself aside);
     ``tiny_share``: the share of nonzero values whose magnitude is below the low dtype's
     smallest normal number (0.0 for bfloat16, whose normal range is fp32's); ``batches``: how
     many batches the range was taken over (0 for a parameter, known without running).
@@ -77,9 +77,12 @@ def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0) -> ValueRa
         a = t.detach().abs()
         if a.numel() == 0:
             return ValueRange(0.0, 0.0, batches)
+        # Over the finite values: an inf or NaN the fp32 model itself makes (a -inf mask) is
+        # the same in any dtype, and says nothing about the other values' range.
         finite = torch.isfinite(a)
-        absmax = float(a.amax()) if bool(finite.all()) else (
-            math.inf if bool(torch.isinf(a).any()) else math.nan)
+        if not bool(finite.all()):
+            a = a[finite]
+        absmax = float(a.amax()) if a.numel() else 0.0
         tiny_share = 0.0
         if low == torch.float16:
             nonzero = int(torch.count_nonzero(a))
@@ -93,8 +96,7 @@ def merge(a: ValueRange | None, b: ValueRange) -> ValueRange:
     """The range over the batches of both."""
     if a is None:
         return b
-    absmax = (a.absmax if math.isnan(b.absmax) else b.absmax if math.isnan(a.absmax)
-              else max(a.absmax, b.absmax))
+    absmax = max(a.absmax, b.absmax)
     total = a.batches + b.batches
     share = ((a.tiny_share * a.batches + b.tiny_share * b.batches) / total if total
              else max(a.tiny_share, b.tiny_share))

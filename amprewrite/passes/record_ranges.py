@@ -56,8 +56,21 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
         _RangeRecorder(gm, low, ranges).run(*signature.bind(*args, **kwargs).args)
 
     with _replay(gm) as replay:
-        for inputs in batches:
-            replay(run, inputs)
+        for k, inputs in enumerate(batches):
+            if k == 0:  # the example inputs the graph was captured on: a failure is a bug
+                replay(run, inputs)
+                continue
+            try:
+                replay(run, inputs)
+            except Exception as exc:
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                raise ModelError(
+                    f"amprewrite could not run the captured graph on calibration batch {k - 1} "
+                    f"to record value ranges: {type(exc).__name__}: {first}. Calibration "
+                    "batches must be inputs of the same form as example_inputs (a tuple of "
+                    "positional inputs or a dict of keyword inputs), with the sizes the graph "
+                    "serves (dimension 0 may differ where the batch is dynamic)."
+                ) from exc
     return ranges
 
 
@@ -93,18 +106,7 @@ class RecordRanges(Pass):
         batches = self._batches()
         if not batches:
             return False
-        try:
-            ranges = record_ranges(gm, batches, low)
-        except Exception as exc:
-            which = ("the example inputs" if len(batches) == 1
-                     else "the example inputs or a calibration batch")
-            raise ModelError(
-                f"amprewrite could not run the captured graph on {which} to record value "
-                f"ranges: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}. "
-                "Calibration batches must be inputs of the same form as example_inputs (a "
-                "tuple of positional inputs or a dict of keyword inputs), with the sizes the "
-                "graph serves (dimension 0 may differ where the batch is dynamic)."
-            ) from exc
+        ranges = record_ranges(gm, batches, low)
         for node, r in ranges.items():
             node.meta[M.RANGE] = r
         rep = gm.meta.get(REPORT_KEY)

@@ -17,6 +17,7 @@ import os
 import sys
 import warnings
 
+import torch
 from torch import fx, nn
 
 from ..errors import NotVerifiedWarning
@@ -29,6 +30,10 @@ __all__ = ["VerifyOutput"]
 
 _ADVICE = ("pass example_inputs=(...) to transform to have it checked against fp32 and "
            "autocast")
+# In fp16, what a run on inputs would also have told (DESIGN.md, "Values are facts too").
+_RANGES = (", and the ranges of its values are unknown: a value past fp16's 65504 would "
+           "become inf instead of being kept in fp32 (example_inputs=(...) or "
+           "calibration=[...] gives them)")
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,13 +58,14 @@ class VerifyOutput(Pass):
             # Nothing to run the graph on. Said in the report and as a warning, since a graph
             # that is silently wrong would otherwise go through unnoticed (verify=False is a
             # choice and stays quiet).
+            ranges = _RANGES if self.policy.dtype == torch.float16 else ""
             if rep is not None:
                 rep.notes.append("verify: not run, there were no example_inputs to run the "
-                                 f"graph on; {_ADVICE}")
+                                 f"graph on{ranges}; {_ADVICE}")
             warnings.warn(NotVerifiedWarning(
                 "amprewrite.transform: the returned graph was not verified, because no "
-                f"example_inputs were given to run it on; {_ADVICE} (or verify=False to say "
-                "the check is not wanted)."), stacklevel=_caller_stacklevel())
+                f"example_inputs were given to run it on{ranges}; {_ADVICE} (or verify=False "
+                "to say the check is not wanted)."), stacklevel=_caller_stacklevel())
             return False
         status("verifying against fp32 and autocast")
         errors = verify_graph(self.model, gm, self.example_inputs, self.policy.dtype)

@@ -1,0 +1,239 @@
+"""Values are facts too: ranges recorded on the example inputs decide precision like op types.
+
+The overflow cases are amprewrite.testing.overflow's: models whose fp32 values pass fp16's
+65504 while their outputs stay finite. Errors are relative L2 against the fp32 model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import amprewrite
+from amprewrite import ModelError, NotVerifiedWarning
+from amprewrite.ranges import range_limit
+from amprewrite.testing import overflow
+from amprewrite.testing.zoo import call
+from amprewrite.verify import float_leaves, rel_err
+
+from .helpers import unchanged
+
+FAST = ["t5_ff", "scores", "residual"]
+REAL = ["gpt2", "llama", "t5"]
+
+
+def _error(gm, case) -> float:
+    refs = float_leaves(call(case.model, case.inputs))
+    outs = float_leaves(call(gm, case.inputs))
+    return max(rel_err(o, r) for o, r in zip(outs, refs))
+
+
+def _check_case(case) -> None:
+    with unchanged(case.model):
+        gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs)
+    refs = float_leaves(call(case.model, case.inputs))
+    assert all(bool(torch.isfinite(r).all()) for r in refs)
+    error = _error(gm, case)  # inf where any output is not finite
+    by_hand = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
+                                   keep_fp32=case.by_hand, verify=False)
+    hand_error = _error(by_hand, case)
+    assert error <= 1.5 * hand_error + 1e-6, (error, hand_error)
+    low, total = overflow.matmul_flops(gm)
+    assert low >= 0.5 * total, (low, total)
+    reasons = [d.reason for d in amprewrite.report(gm).decisions if d.reason.startswith("range:")]
+    assert reasons and all("> fp16 max 65504 / headroom 16" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_overflow_is_fixed_from_the_example_inputs(name):
+    case = overflow.CASES[name]()
+    _check_case(case)
+
+
+@pytest.mark.parametrize("name", ["scores", "residual"])
+def test_without_example_inputs_the_same_models_overflow(name):
+    # What the ranges add: the op-type plan alone returns inf on these (t5_ff's norm-free
+    # feed-forward is kept finite by op type already: its overflowing linear reads fp32).
+    case = overflow.CASES[name]()
+    with pytest.warns(NotVerifiedWarning, match="ranges of its values are unknown"):
+        gm = amprewrite.transform(case.model, "fp16")
+    assert not all(bool(torch.isfinite(o).all()) for o in float_leaves(call(gm, case.inputs)))
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "llama"
+                                  else n for n in REAL])
+def test_real_architectures_scaled_until_they_overflow(name):
+    case = overflow.CASES[name]()
+    _check_case(case)
+
+
+def test_reason_names_the_range_and_the_report_shows_ranges():
+    case = overflow.scores()
+    gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs)
+    rep = amprewrite.report(gm)
+    (scores,) = [d for d in rep.decisions if d.node == "scores"]
+    assert scores.precision == "fp32" and scores.dtype == "torch.float32"
+    assert scores.reason.startswith("range: |scores| up to 2.")
+    assert "on the example inputs > fp16 max 65504 / headroom 16" in scores.reason
+    assert scores.range is not None and 1e5 < scores.range.absmax < 1e6
+    header = str(rep).split("precision decisions:\n")[1].splitlines()[0]
+    assert "|x| max" in header
+    # The matmuls that read q and k stay low: only the value past the range moved.
+    lows = [d.node for d in rep.decisions if d.family == "linear" and d.precision == "low"]
+    assert len(lows) == 4
+
+
+def test_bf16_keeps_fp32s_range_so_ranges_change_nothing():
+    case = overflow.scores()
+    gm = amprewrite.transform(case.model, "bf16", example_inputs=case.inputs)
+    assert not [d for d in amprewrite.report(gm).decisions if d.reason.startswith("range")]
+    assert range_limit(torch.bfloat16) > 1e37
+
+
+class _Lin(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_calibration_batches_widen_the_ranges():
+    model = _Lin().eval()
+    small = (torch.randn(4, 16),)
+    big = (torch.randn(4, 16) * 1e4,)
+    gm = amprewrite.transform(model, "fp16", example_inputs=small)
+    assert [d.precision for d in amprewrite.report(gm).decisions if d.family == "linear"] == [
+        "low"]
+    with unchanged(model):
+        gm = amprewrite.transform(model, "fp16", example_inputs=small, calibration=[big])
+    (fc,) = [d for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    assert fc.precision == "fp32"
+    assert "on the example inputs and 1 calibration batch >" in fc.reason
+    assert torch.isfinite(gm(*big)).all()
+    assert rel_err(gm(*big), model(*big)) < 1e-6  # fp32 arithmetic throughout
+    # Calibration alone: its first batch is the example inputs.
+    gm = amprewrite.transform(model, "fp16", calibration=[small, big])
+    assert [d.precision for d in amprewrite.report(gm).decisions if d.family == "linear"] == [
+        "fp32"]
+
+
+def test_a_calibration_batch_that_does_not_fit_the_graph_is_a_clear_error():
+    model = _Lin().eval()
+    with pytest.raises(ModelError, match=r"calibration batch 0 .* same form as example_inputs"):
+        amprewrite.transform(model, "fp16", example_inputs=(torch.randn(4, 16),),
+                             calibration=[(torch.randn(4, 7),)])
+    with pytest.raises(amprewrite.PolicyError, match="iterable of input batches"):
+        amprewrite.transform(model, "fp16", calibration=torch.randn(4, 16))
+
+
+def test_weight_past_fp16s_range_keeps_its_op_fp32_without_inputs():
+    model = _Lin().eval()
+    with torch.no_grad():
+        model.fc.weight[0, 0] = 1e5
+    gm = amprewrite.transform(model, "fp16", verify=False)
+    (fc,) = [d for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    assert fc.precision == "fp32" and "reads weight 'fc.weight' with |x| up to 1e+05" in fc.reason
+    x = torch.randn(4, 16)
+    assert torch.isfinite(gm(x)).all() and rel_err(gm(x), model(x)) < 1e-6
+
+
+def test_weight_fp16_would_store_subnormal_keeps_its_op_fp32():
+    model = _Lin().eval()
+    with torch.no_grad():
+        model.fc.weight.mul_(1e-5)  # |w| <= 2.5e-6: below fp16's smallest normal, 6.1e-5
+        model.fc.bias.zero_()  # the weight's product is the whole output
+    x = torch.randn(4, 16)
+    gm = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    (fc,) = [d for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    assert fc.precision == "fp32" and "mostly subnormal" in fc.reason
+    # What rounding the weight to fp16 would cost, against fp32 arithmetic on it.
+    rounded = torch.nn.functional.linear(x, model.fc.weight.half().float(), model.fc.bias)
+    assert rel_err(gm(x), model(x)) < 1e-6 < rel_err(rounded, model(x))
+
+
+def test_allow_low_gives_back_what_a_range_took():
+    case = overflow.scores()
+    gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
+                              allow_low=["node:scores"], verify=False)
+    (scores,) = [d for d in amprewrite.report(gm).decisions if d.node == "scores"]
+    assert scores.precision == "low" and scores.reason.startswith("allow_low='node:scores'")
+    assert not torch.isfinite(gm(*case.inputs)).all()  # the user's choice, as asked
+
+
+def test_no_inputs_warning_names_ranges_in_fp16_only():
+    model = _Lin()
+    with pytest.warns(NotVerifiedWarning, match=r"calibration=\[\.\.\.\] gives them"):
+        amprewrite.transform(model, "fp16")
+    with pytest.warns(NotVerifiedWarning) as record:
+        amprewrite.transform(model, "bf16")
+    assert "ranges" not in str(record[0].message)
+
+
+class _Declares(nn.Module):
+    _keep_in_fp32_modules = ["wo"]
+    _keep_in_fp32_modules_strict = ["gate.weight"]
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wi, self.wo, self.gate = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4, False)
+
+    def forward(self, x):
+        return self.wo(torch.relu(self.wi(x))), self.gate(x).softmax(-1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_models_own_fp32_declarations_are_honoured(dtype):
+    model = _Declares().eval()
+    gm = amprewrite.transform(model, dtype, example_inputs=(torch.randn(4, 8),), params="low")
+    by_module = {d.module_path: d for d in amprewrite.report(gm).decisions
+                 if d.family == "linear"}
+    assert by_module["gate"].precision == "fp32"
+    assert by_module["gate"].reason == ("declared fp32 by the model "
+                                        "(_keep_in_fp32_modules_strict): reads 'gate.weight'")
+    assert by_module["wi"].precision == "low"
+    if dtype == "fp16":  # _keep_in_fp32_modules applies to fp16 only, as in transformers
+        assert by_module["wo"].reason.startswith("declared fp32 by the model "
+                                                 "(_keep_in_fp32_modules)")
+    else:
+        assert by_module["wo"].precision == "low"
+    state = gm.state_dict()
+    assert state["gate.weight"].dtype == torch.float32  # params="low" stores it fp32
+    assert state["wi.weight"].dtype != torch.float32
+
+
+def test_allow_low_overrides_the_non_strict_declaration_only():
+    model = _Declares().eval()
+    gm = amprewrite.transform(model, "fp16", example_inputs=(torch.randn(4, 8),),
+                              allow_low=["wo", "gate"])
+    by_module = {d.module_path: d for d in amprewrite.report(gm).decisions
+                 if d.family == "linear"}
+    assert by_module["wo"].precision == "low"
+    assert by_module["gate"].precision == "fp32"
+
+
+def test_training_with_grad_scaler_loses_no_step_to_forward_overflow():
+    case = overflow.residual()
+    model = case.model.train()
+    (x,) = case.inputs
+    target = torch.randn(x.shape[0], 16)
+    with unchanged(model):
+        gm = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    assert any(d.reason.startswith("range:") for d in amprewrite.report(gm).decisions)
+    opt = torch.optim.SGD(gm.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(gm(x), target)
+        assert torch.isfinite(loss)
+        scaler.scale(loss).backward()
+        before = [p.detach().clone() for p in gm.parameters()]
+        scaler.step(opt)
+        scaler.update()
+        # The step was taken: the scaler found no inf or NaN in the gradients.
+        assert any(not torch.equal(b, p) for b, p in zip(before, gm.parameters()))
+    assert scaler.get_scale() == 2.0**10

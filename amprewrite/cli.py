@@ -19,25 +19,33 @@ TARGET is ``path/to/file.py:factory`` or ``package.module:factory``; the factory
 or ``(model, example_inputs)``. Input specs: ``2x3x64x64``, ``int64:1x1024:0-512``.
 
 Errors print one line, ``amprewrite: error: ...``, and exit with status 2; Ctrl-C prints one line
-and exits with status 130. The library's heavy modules are imported inside the commands, after
-the parser has run, so ``--help`` and usage errors come back at once.
+and exits with status 130, also while torch is still loading: this module and ``amprewrite``'s
+``__init__`` import no torch, so everything that does runs inside :func:`main`. A closed output
+pipe (``amprewrite families | head``) ends the command quietly. Run as a command, the process
+ends as soon as the command is done (:func:`main` skips the interpreter's teardown of torch).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import math
+import os
 import re
+import shlex
+import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dtypes import DTYPE_NAMES, low_dtype, low_dtype_names
+from . import __version__
 from .errors import AmpRewriteError
 from .progress import Steps
-from .target import UsageError, is_input_spec, load_target, parse_input
+
+# No torch at import (see the module docstring): .dtypes and .target are imported where used.
 
 __all__ = ["main", "write_artefacts"]
 
@@ -76,12 +84,27 @@ def cli_wording(message: str) -> str:
     """
     for pattern, flag in _KEYWORD_TO_FLAG:
         message = re.sub(pattern, flag, message)
-    return message
+    return re.sub(r"\b(keep_fp32|allow_low)=(\[[^\]]*\])", _selectors_as_flags, message)
+
+
+def _selectors_as_flags(match: re.Match) -> str:
+    """``keep_fp32=['a', 'node:b']`` as ``--keep-fp32 a --keep-fp32 node:b``, shell-quoted."""
+    import ast
+    import shlex
+
+    try:
+        items = ast.literal_eval(match[2])
+    except (ValueError, SyntaxError):
+        return match[0]  # a placeholder such as [<module path>]: left as Python
+    flag = "--" + match[1].replace("_", "-")
+    return " ".join(f"{flag} {shlex.quote(str(item))}" for item in items)
 
 
 # --- argument types: every numeric flag is checked where it is parsed --------------------------
 
 def _dtype_flag(text: str) -> str:
+    from .dtypes import low_dtype, low_dtype_names
+
     dtype = low_dtype(text)
     if dtype is None:
         raise argparse.ArgumentTypeError(
@@ -112,6 +135,8 @@ def _port(text: str) -> int:
 
 
 def _formats(text: str) -> set[str]:
+    from .target import UsageError
+
     chosen = {f.strip() for f in text.split(",") if f.strip()}
     bad = chosen - set(FORMATS)
     if bad or not chosen:
@@ -138,6 +163,7 @@ class _Target:
 
 def _load(args: argparse.Namespace, need_inputs: bool) -> _Target:
     from .api import _check_model
+    from .target import UsageError, load_target, parse_input
 
     model, inputs = load_target(args.target)
     where = f"the example inputs {args.target}() returns"
@@ -185,6 +211,8 @@ def _first_line(exc: BaseException) -> str:
 def _attempt(what: str, fn, target: _Target):
     """Run a step; on failure say whose fault it is: the model's on these inputs (it fails
     without amprewrite too) or amprewrite's (it runs in fp32)."""
+    from .target import UsageError
+
     try:
         return fn()
     except Exception as exc:
@@ -212,11 +240,31 @@ def _policy(args: argparse.Namespace, **changes):
 
     # dump shows the graph and check measures its error itself: neither stops at verification.
     return Policy(dtype=args.dtype, upsample=getattr(args, "upsample", "auto"), verify=False,
-                  **changes)
+                  **{**_selector_flags(args), **changes})
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _out_folder(out: str, flag: str = "--out") -> Path:
+    """``out`` as a folder the command can write into, checked before any model work."""
+    from .target import UsageError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {shlex.quote(out)} is a file, and the command writes several "
+                         f"files into a folder: give {flag} a folder name (new or existing).")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {shlex.quote(out)} lies under {shlex.quote(str(parent))}, "
+                         f"which is a file: give {flag} a folder that can be made.")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {shlex.quote(out)}: {shlex.quote(str(parent))} is not "
+                         f"writable; give {flag} a folder you can write to.")
+    return path
 
 
 # --- dump -----------------------------------------------------------------------------------
@@ -326,7 +374,8 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
                 if done.svg is not None:
                     write(done.name, done.svg)
                 else:
-                    notes.append(f"no {done.name}: {done.problem}")
+                    notes.append(f"no {done.name}: {done.problem}" + (
+                        "; index.html shows the graph" if "index.html" in files else ""))
     finally:
         if render is not None:
             render.stop()
@@ -335,27 +384,42 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
 
 def _dump(args: argparse.Namespace) -> int:
     formats = _formats(args.format) if args.format is not None else None
+    out = _out_folder(args.out)
+    if formats is not None and "svg" in formats and shutil.which("dot") is None:
+        from .target import UsageError
+
+        others = ",".join(f for f in FORMATS if f in formats and f != "svg")
+        raise UsageError(
+            "--format svg needs Graphviz's dot, which is not on PATH: install graphviz "
+            "(apt-get install graphviz, brew install graphviz), or leave svg out"
+            + (f" (--format {others})" if others else " (--format html shows the graph "
+               "in a browser)") + ".")
     steps_total = 1 + artefact_steps(args.check)
     with Steps(steps_total, log=True) as steps:
         steps.step(f"loading {args.target}")
         target = _load(args, need_inputs=args.check)
-        made = write_artefacts(target.model, target.inputs, _policy(args), Path(args.out),
+        made = write_artefacts(target.model, target.inputs, _policy(args), out,
                                formats, args.per_pass, steps, check=args.check,
                                render_timeout=args.render_timeout)
-    files, chosen = made.files, formats or set(FORMATS)
+    files = made.files
+    if not files:
+        print(f"wrote no files to {args.out}")
+        for note in made.notes:
+            print(f"note: {note}")
+        return 1
     print(f"wrote {_plural(len(files), 'file')} to {args.out}: {', '.join(sorted(files))}")
     for note in made.notes:
         print(f"note: {note}")
-    if "html" in chosen:
-        print(f"open {Path(args.out) / 'index.html'} in a browser for the report")
-    if "model-explorer" in chosen:
-        me = Path(args.out) / "model-explorer"
-        graphs = me / "amprewrite_graphs.json"
-        overlays = ",".join(str(p) for p in sorted(me.glob("*.json")) if p != graphs)
-        again = " ".join([args.target, *target.flags] + (["--dtype", args.dtype]
-                                                          if args.dtype != "bf16" else []))
-        print(f"Model Explorer: `amprewrite explore {again}` shows these graphs; or run "
-              f"`model-explorer {graphs} --node_data_paths={overlays}`")
+    if "index.html" in files:
+        print(f"open {shlex.quote(str(files['index.html']))} in a browser for the report")
+    if "model-explorer/amprewrite_graphs.json" in files:
+        graphs = files["model-explorer/amprewrite_graphs.json"]
+        overlays = ",".join(str(p) for p in sorted(graphs.parent.glob("*.json")) if p != graphs)
+        again = shlex.join(["amprewrite", "explore", args.target, *target.flags]
+                           + (["--dtype", args.dtype] if args.dtype != "bf16" else []))
+        explorer = shlex.join(["model-explorer", str(graphs)]
+                              + ([f"--node_data_paths={overlays}"] if overlays else []))
+        print(f"Model Explorer: `{again}` shows these graphs; or run `{explorer}`")
     return 0
 
 
@@ -386,9 +450,11 @@ def _explore(args: argparse.Namespace) -> int:
 
 # --- check ----------------------------------------------------------------------------------
 
-def _print_check(result, rtol: float, top: int) -> None:
-    print(f"output error vs fp32: {result.output_error:.3e} (rtol {rtol:g}); "
-          f"outputs finite: {result.finite}")
+def _print_check(result, rtol: float, top: int) -> bool:
+    """Print the check's result; whether it listed per-node errors."""
+    if result.outputs:  # else there is no output error to show ("nothing to compare")
+        print(f"output error vs fp32: {result.output_error:.3e} (rtol {rtol:g}); "
+              f"outputs finite: {result.finite}")
     if result.first_nonfinite is not None:
         n = result.first_nonfinite
         print(f"first non-finite node: {n.node} ({n.precision}, family {n.family or '-'}, "
@@ -402,6 +468,7 @@ def _print_check(result, rtol: float, top: int) -> None:
         table = text_table([[r.node, f"{r.rel_err:.3e}", r.precision, r.family or "-",
                              r.module_path or "-"] for r in rows])
         print("\n".join("  " + line for line in table.splitlines()))
+    return bool(rows)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -416,14 +483,15 @@ def _check(args: argparse.Namespace) -> int:
         target = _load(args, need_inputs=True)
         model, inputs = target.model, target.inputs
         steps.step("transforming, then running fp32 and transformed")
+        flags = _selector_flags(args)
         result = _attempt("checking", lambda: check_numerics(
-            model, inputs, dtype, upsample=args.upsample), target)
+            model, inputs, dtype, upsample=args.upsample, **flags), target)
         if args.fix and result.outputs != 0 and not result.passed(args.rtol):
             steps.step("searching for nodes to keep in fp32")
             try:
                 keep = _attempt("searching", lambda: find_fp32_nodes(
-                    model, inputs, rtol=args.rtol, dtype=dtype, upsample=args.upsample),
-                    target)
+                    model, inputs, rtol=args.rtol, dtype=dtype, upsample=args.upsample,
+                    **flags), target)
             except RuntimeError as exc:
                 search_error = exc
             if keep is not None:
@@ -431,11 +499,11 @@ def _check(args: argparse.Namespace) -> int:
                 fixed_gm = _attempt("transforming", lambda: transform_with(
                     model, _policy(args, keep_fp32=tuple(keep)), inputs), target)
                 fixed = check_numerics(model, inputs, dtype, gm=fixed_gm)
-    _print_check(result, args.rtol, args.top)
+    shown = _print_check(result, args.rtol, args.top)
     if result.outputs == 0:
         print("check: nothing to compare: the model returns no floating-point outputs, only "
-              "integer or bool values; the per-node errors above compare the float values "
-              "inside it")
+              "integer or bool values" + ("; the per-node errors above compare the float "
+                                          "values inside it" if shown else ""))
         return 0
     if result.passed(args.rtol):
         print("check passed")
@@ -485,7 +553,8 @@ def _export(args: argparse.Namespace) -> int:
         steps.step(f"exporting to {out}")
         result = _attempt("exporting", lambda: export(
             target.model, target.inputs, path=out, to=args.to, dtype=args.dtype,
-            dynamic_batch=not args.static, check=not args.no_check, upsample=args.upsample),
+            dynamic_batch=not args.static, check=not args.no_check, upsample=args.upsample,
+            **_selector_flags(args)),
             target)
     if was_training:
         print("note: the factory returned the model in train mode; it was exported in eval "
@@ -497,6 +566,8 @@ def _export(args: argparse.Namespace) -> int:
 # --- demo -----------------------------------------------------------------------------------
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.out:
+        _out_folder(args.out)
     with Steps(3 + (artefact_steps(True, transformed=True) if args.out else 0),
                log=True) as steps:
         steps.step("building the demo model")
@@ -549,6 +620,8 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    from .dtypes import DTYPE_NAMES
+
     # nargs="?" with a check after parsing: `check --inputs 4x16 file.py:mlp` would otherwise
     # hand the target to --inputs and report it missing (see _take_target).
     p.add_argument("target", nargs="?", metavar="TARGET",
@@ -558,12 +631,35 @@ def _common(p: argparse.ArgumentParser) -> None:
                         f"dtypes: {', '.join(DTYPE_NAMES)})")
     _dtype_option(p)
     p.add_argument("--upsample", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--keep-fp32", action="append", default=[], metavar="SEL",
+                   help="compute this in fp32: a module path, an op family or node:NAME "
+                        "(repeat the flag for more)")
+    p.add_argument("--allow-low", action="append", default=[], metavar="SEL",
+                   help="let an fp32 op run in its inputs' precision (same selectors)")
+    p.add_argument("--calibration", metavar="FILE.py:NAME",
+                   help="more input batches whose value ranges the plan reads: a function "
+                        "(or iterable) in a file returning an iterable of batches, each like "
+                        "the example inputs")
+
+
+def _selector_flags(args: argparse.Namespace) -> dict:
+    """transform's keep_fp32 / allow_low / calibration keywords from the common flags."""
+    out: dict = {"keep_fp32": tuple(getattr(args, "keep_fp32", ()) or ()),
+                 "allow_low": tuple(getattr(args, "allow_low", ()) or ())}
+    spec = getattr(args, "calibration", None)
+    if spec:
+        from .target import load_batches
+
+        out["calibration"] = load_batches(spec)
+    return out
 
 
 def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The target where an option before it took it (``--inputs 4x16 file.py:mlp``)."""
     if not hasattr(args, "target"):
         return
+    from .target import is_input_spec
+
     if args.target is None and args.inputs:
         for k, item in enumerate(args.inputs):
             if not is_input_spec(item):
@@ -576,6 +672,7 @@ def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 def build_parser() -> argparse.ArgumentParser:
     """The ``amprewrite`` argument parser (docs/cli.md lists the same flags; a test checks)."""
     parser = _Parser(prog="amprewrite", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="transform the built-in demo model and print the report")
     _dtype_option(demo)
@@ -650,21 +747,74 @@ def _families(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 ok, 1 check failed, 2 usage, 130 ^C)."""
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        _take_target(args, parser._subparsers._group_actions[0].choices[args.command])
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = "not installed"
+    return (f"amprewrite {__version__} (torch {torch}, Python "
+            f"{'.'.join(map(str, sys.version_info[:3]))})")
+
+
+def _run(argv: list[str] | None) -> int:
+    parser = build_parser()
+    # parse_known_args: an unknown flag after a command is that command's error, pointing at
+    # its --help (parse_args would report it as the top-level parser's).
+    args, extra = parser.parse_known_args(argv)
+    command = parser._subparsers._group_actions[0].choices[args.command]
+    if extra:
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    _take_target(args, command)
+    try:
+        return args.run(args)
+    except AmpRewriteError as exc:
+        print(f"amprewrite: error: {cli_wording(str(exc))}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 check failed, 2 usage, 130 ^C,
+    141 output pipe closed). With ``argv`` None it is the process's own command (the
+    ``amprewrite`` script, ``python -m amprewrite``): then it ends the process itself once
+    the command is done (:func:`_finish`)."""
+    try:
         try:
-            return args.run(args)
-        except AmpRewriteError as exc:
-            print(f"amprewrite: error: {cli_wording(str(exc))}", file=sys.stderr)
-            return 2
+            code = _run(argv)
+        except SystemExit as exc:  # argparse: --help, --version, usage errors
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        sys.stdout.flush()
     except KeyboardInterrupt:
         print("amprewrite: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say; stdout's buffer goes nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    if argv is None:
+        _finish(code)
+    return code
+
+
+def _finish(code: int) -> None:
+    """End the process now: wait for the command's own threads, run the atexit handlers
+    (temporary folders, torch's), flush, and exit without the interpreter's teardown, which
+    frees torch's modules and the graphs one object at a time (0.4-2.7 s after the last line,
+    docs/benchmarks.md, "Start and stop")."""
+    try:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:
+        code = 141
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

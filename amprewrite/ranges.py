@@ -41,6 +41,10 @@ TINY_SHARE = 0.5
 normal number would be stored mostly subnormal (a 1e-6 layer scale in fp16): it stays fp32."""
 
 
+# Magnitudes from here on are sentinels for infinity (torch.finfo(torch.float32).min masks).
+_SENTINEL = torch.finfo(torch.float32).max / 2
+
+
 @dataclass(frozen=True)
 class ValueRange:
     """The range of one value over the batches it was seen on.
@@ -78,8 +82,10 @@ def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0) -> ValueRa
         if a.numel() == 0:
             return ValueRange(0.0, 0.0, batches)
         # Over the finite values: an inf or NaN the fp32 model itself makes (a -inf mask) is
-        # the same in any dtype, and says nothing about the other values' range.
-        finite = torch.isfinite(a)
+        # the same in any dtype, and says nothing about the other values' range. So is a value
+        # at fp32's own end (a torch.finfo(torch.float32).min mask): it stands for infinity,
+        # and becomes the infinity it stands for in a narrower dtype.
+        finite = torch.isfinite(a) & (a < _SENTINEL)
         if not bool(finite.all()):
             a = a[finite]
         absmax = float(a.amax()) if a.numel() else 0.0

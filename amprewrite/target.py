@@ -15,7 +15,7 @@ from torch import nn
 from .dtypes import DTYPE_NAMES, dtype_from_name
 from .errors import AmpRewriteError
 
-__all__ = ["UsageError", "is_input_spec", "load_target", "parse_input"]
+__all__ = ["UsageError", "is_input_spec", "load_batches", "load_target", "parse_input"]
 
 
 class UsageError(AmpRewriteError):
@@ -76,12 +76,24 @@ def parse_input(spec: str, seed: int = 0) -> torch.Tensor:
     return torch.randint(lo, hi, shape, generator=g).to(dtype)
 
 
-def load_target(target: str) -> tuple[nn.Module, tuple | None]:
-    """Call the factory named by ``target``; return (model, example inputs or None)."""
-    if ":" not in target:
-        raise UsageError(f"TARGET '{target}' must be path/to/file.py:factory or "
-                         "package.module:factory.")
-    where, name = target.rsplit(":", 1)
+def load_batches(spec: str) -> tuple:
+    """``--calibration FILE.py:NAME``: the input batches NAME gives (called if callable)."""
+    where, _, name = spec.rpartition(":")
+    if not where:
+        raise UsageError(f"--calibration '{spec}' must be path/to/file.py:NAME or "
+                         "package.module:NAME, NAME an iterable of input batches or a "
+                         "function returning one.")
+    value = getattr(_import(where), name, None)
+    if value is None:
+        raise UsageError(f"{where} has no '{name}' for --calibration.")
+    try:
+        batches = value() if callable(value) else value
+        return tuple(batches)
+    except Exception as exc:
+        raise UsageError(f"--calibration {spec} failed: {type(exc).__name__}: {exc}") from None
+
+
+def _import(where: str):
     try:
         if where.endswith(".py") or os.sep in where:
             if not os.path.isfile(where):
@@ -91,12 +103,21 @@ def load_target(target: str) -> tuple[nn.Module, tuple | None]:
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
             spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+            return module
+        return importlib.import_module(where)
     except UsageError:
         raise
     except Exception as exc:
         raise UsageError(f"cannot import {where}: {type(exc).__name__}: {exc}") from None
+
+
+def load_target(target: str) -> tuple[nn.Module, tuple | None]:
+    """Call the factory named by ``target``; return (model, example inputs or None)."""
+    if ":" not in target:
+        raise UsageError(f"TARGET '{target}' must be path/to/file.py:factory or "
+                         "package.module:factory.")
+    where, name = target.rsplit(":", 1)
+    module = _import(where)
     factory = getattr(module, name, None)
     if not callable(factory):
         raise UsageError(f"{where} has no factory function '{name}'.")

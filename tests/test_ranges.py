@@ -6,6 +6,9 @@ The overflow cases are amprewrite.testing.overflow's: models whose fp32 values p
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -237,3 +240,50 @@ def test_training_with_grad_scaler_loses_no_step_to_forward_overflow():
         # The step was taken: the scaler found no inf or NaN in the gradients.
         assert any(not torch.equal(b, p) for b, p in zip(before, gm.parameters()))
     assert scaler.get_scale() == 2.0**10
+
+
+# --- the command line ------------------------------------------------------------------------
+_CLI_MODELS = '''
+import torch
+from amprewrite.testing import overflow
+
+
+def scores():
+    case = overflow.scores()
+    return case.model, case.inputs
+
+
+def lin():
+    torch.manual_seed(0)
+    return torch.nn.Linear(16, 16).eval(), (torch.randn(4, 16),)
+
+
+def batches():
+    return [(torch.randn(4, 16) * 1e4,)]
+'''
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "amprewrite.cli", *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd)
+
+
+def test_cli_check_fixes_overflow_and_calibration_widens_ranges(tmp_path):
+    models = tmp_path / "my models.py"  # a path with a space: flags are shell-quoted
+    models.write_text(_CLI_MODELS)
+    done = _cli("check", f"{models}:scores", "--dtype", "fp16", cwd=tmp_path)
+    assert done.returncode == 0 and "check passed" in done.stdout, done.stdout + done.stderr
+    out = tmp_path / "dump"
+    done = _cli("dump", f"{models}:lin", "--dtype", "fp16", "--calibration",
+                f"{models}:batches", "--out", str(out), "--format", "text", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = "\n".join(p.read_text() for p in out.rglob("*.txt"))
+    assert "on the example inputs and 1 calibration batch > fp16 max 65504" in text
+
+
+def test_cli_prints_selector_advice_as_flags():
+    from amprewrite.cli import cli_wording
+
+    said = cli_wording("Transformed again with keep_fp32=['wi', 'my block.fc'], it passes")
+    assert said == "Transformed again with --keep-fp32 wi --keep-fp32 'my block.fc', it passes"
+    assert cli_wording("keep_fp32=[<module path>]") == "keep_fp32=[<module path>]"

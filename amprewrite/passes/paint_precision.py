@@ -293,9 +293,9 @@ class PaintPrecision(Pass):
     def _ranges(self, gm: fx.GraphModule, low: torch.dtype) -> None:
         """Values past the low dtype's range (with headroom) are computed and stored in FP32,
         and so are LOW ops reading one, or reading a weight stored mostly subnormal."""
-        limit = range_limit(low)
-        if limit >= torch.finfo(torch.float32).max / 2:
+        if torch.finfo(low).max >= torch.finfo(torch.float32).max / 2:
             return  # bfloat16: fp32's exponent range, nothing a range can rule out
+        limit = range_limit(low)
         short = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
         extra = len(self.policy.calibration)
         where = "the example inputs" + (

@@ -2,8 +2,9 @@
 
     python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
                                         # plots, inference, capture time, generation, report page
-                                        # open time (with Chromium), real-model conformance
-                                        # matrix (docs/models.md)
+                                        # open time (with Chromium), start and stop (import
+                                        # time, exit after the last line), real-model
+                                        # conformance matrix (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
     python -m benchmarks mutants        # flip each FP32/LOW family's class, run the precision
@@ -15,9 +16,13 @@
     python -m benchmarks deploy         # export, save, load, AOTInductor on six zoo models:
                                         # artefact vs GraphModule and vs fp32, compile time
                                         # (options: python -m benchmarks deploy --help)
+    python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
+                                        # (its own venv: python -m benchmarks.modelopt_autocast
+                                        # --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,report_page,conformance,mutants,memory,deploy}
+capture,generate,report_page,startup,conformance,mutants,memory,deploy,
+modelopt_autocast}
 --help.
 """
 
@@ -36,10 +41,12 @@ from . import (
     inference,
     loops,
     memory,
+    modelopt_autocast,
     mutants,
     plots,
     report_page,
     runtime,
+    startup,
     transform_cost,
     upsample,
 )
@@ -68,6 +75,7 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
          ["--models", "llama", "resnet", "--rounds", "1"] if quick else []),
         ("generation", generate.main,
          ["--variants", "autocast", "amprewrite-eager", "--tokens", "4"] if quick else []),
+        ("start and stop", startup.main, ["--rounds", "2"] if quick else []),
     ]
     if shutil.which("chromium") and not gpu:
         steps.append(("report page", report_page.main,
@@ -75,7 +83,8 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
     if not quick and not gpu:  # the whole matrix or none: docs/models.md lists every model
         steps.append(("conformance", conformance.main, []))
     if gpu:  # CPU-side costs, and CPU-only scripts
-        steps = [s for s in steps if s[0] not in ("transform cost", "capture time", "generation")]
+        steps = [s for s in steps if s[0] not in ("transform cost", "capture time", "generation",
+                                                  "start and stop")]
     for name, fn, argv in steps:
         start = time.perf_counter()
         print(f"== {name}: {' '.join(argv)}", flush=True)
@@ -90,11 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["memory"]:  # its own options (--models, --dtypes, --no-compiled, ...)
         memory.main(argv[1:])
         return 0
+    if argv[:1] == ["modelopt"]:  # its own options and venv: benchmarks/modelopt_autocast.py
+        modelopt_autocast.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory", "deploy"])
+    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory", "deploy",
+                                         "modelopt"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

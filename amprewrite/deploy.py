@@ -201,7 +201,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         path: the file to write. AOTInductor packages must end in ``.pt2``.
         to: ``"pt2"`` (``torch.export.save``), ``"aoti"``
             (``torch._inductor.aoti_compile_and_package``) or ``"onnx"``
-            (``torch.onnx.export(..., dynamo=True)``; needs ``pip install onnx onnxscript
+            (``torch.onnx.export(..., dynamo=True)``, then made lean by exact rewrites,
+            :func:`amprewrite.onnx_lean.lean`; needs ``pip install onnx onnxscript
             onnxruntime``; float16 unless ``check=False``, see :func:`preflight`).
         dtype: ``"bf16"`` or ``"fp16"``, as for :func:`amprewrite.transform`.
         dynamic_batch: dimension 0 of every input dynamic where the model allows it
@@ -222,7 +223,11 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     same error against fp32 as autocast's; docs/benchmarks.md, "Deploying"), and onnxruntime's
     float16 Conv and MatMul round differently. An ``aoti`` or ``onnx`` artefact is therefore
     held to the bound ``transform``'s own check accepts: its error against fp32 at most 4x
-    autocast's plus 16 unit roundoffs; how far it is from the GraphModule is reported.
+    autocast's plus 16 unit roundoffs; how far it is from the GraphModule is reported. An
+    ``onnx`` file is also run with every value it declares float16 rounded to float16
+    (:mod:`amprewrite.onnx_rounded`; onnxruntime's CPU provider computes most float16 ops in
+    float32 and would hide an overflow) and held to the same bound
+    (:attr:`CheckRow.rounded_error`).
 
     Example:
         >>> import tempfile, torch, amprewrite.deploy

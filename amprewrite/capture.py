@@ -10,11 +10,19 @@ guards to build, and the graph is ATen-level. Every way the result:
   the model's) and shares the caller's tensors, never copies them;
 - never shares a module object with the caller: leaf modules the graph calls are shallow copies
   that share parameters, so ``gm.train()`` cannot flip the caller's modules;
-- records the original module path of every node in ``node.meta`` (see :mod:`amprewrite.meta`).
+- records the original module path of every node in ``node.meta`` (see :mod:`amprewrite.meta`);
+- returns what the model returns: output dataclasses and, for a transformers model with its
+  default ``use_cache=True``, the KV cache (transformers' cache classes registered with
+  torch's pytree by ``transformers.exporters``, scoped to the graphs returning them).
+
+A module whose forward flattens or unflattens types other than torch's containers, dataclasses
+and namedtuples (``ep.module()`` of a program that returns a transformers cache) is captured
+with non-strict export whatever ``method`` says: dynamo cannot trace those functions.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -23,6 +31,7 @@ import inspect
 import logging
 import operator
 import os
+import sys
 import traceback
 import warnings
 import weakref
@@ -40,6 +49,7 @@ from .errors import AmpRewriteError, CaptureError, ModelError, PolicyError
 from .graphmodule import (
     REGISTERED_OUTPUTS,
     DynamoGraphModule,
+    _release_registrations,
     add_input_check,
     sources_die_with_code,
 )
@@ -170,6 +180,7 @@ def _with_inputs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
             "(or a dict of keyword inputs) that the model can be called with."
         ) from None
     spec, _ = capture_spec(model, args, kwargs, dynamic_shapes)
+    _register_hf_caches(model)
     run = _export if method == "dynamo" else _export_nonstrict
     try:
         src = run(model, args, kwargs, spec)
@@ -377,7 +388,8 @@ def _custom_functions() -> Iterator[set[type]]:
         # op itself; the graph keeps the op, and the op keeps its backward.
         if not cls.__module__.startswith("torch._library"):
             seen.add(cls)
-        return original.__func__(cls, *args, **kwargs)
+        # __get__, not __func__: torch 2.14 makes apply a C classmethod, which has none.
+        return original.__get__(None, cls)(*args, **kwargs)
 
     function.apply = classmethod(apply)
     try:
@@ -679,8 +691,9 @@ def _capture_advice(text: str, out: object) -> str:
                      and type(v).__name__.endswith("Cache")})
     if caches:
         return (f"It returns a transformers {caches[0]} (use_cache=True, the model's default), "
-                "which dynamo cannot return from a graph: pass use_cache=False with the inputs "
-                "(example_inputs={'input_ids': ids, 'use_cache': False}) or set "
+                "which amprewrite returns from the graph through transformers.exporters' pytree "
+                "registration of caches, here not enough. Add 'use_cache': False to the keyword "
+                "inputs ({'input_ids': ids, 'use_cache': False}), or set "
                 "model.config.use_cache = False before transforming; for generate(), "
                 "amprewrite.for_generation(model) keeps the cache outside the graph.")
     lowered = text.lower()
@@ -748,6 +761,55 @@ def _register_output_dataclasses(out: object) -> bool:
         pytree.register_dataclass(cls)
         REGISTERED_OUTPUTS[cls] = 0  # released with the last graph returning it
     return bool(found)
+
+
+def _register_hf_caches(model: nn.Module) -> None:
+    """Register transformers' cache classes (``DynamicCache``, ``EncoderDecoderCache``, every
+    ``Cache`` subclass and the model's own ``*Cache`` classes) with torch's pytree, so the graph
+    can return the cache a model returns with ``use_cache=True``, its default. The registration
+    is transformers' own (``transformers.exporters``, what its ``DynamoExporter`` does before
+    ``torch.export``); what it adds is scoped like the output dataclasses, released with the last
+    graph returning it. Nothing happens for a model without transformers modules, or with a
+    transformers that has no ``exporters`` (before 5.2x; its caches then fail capture, with
+    advice)."""
+    if "transformers" not in sys.modules:
+        return
+    owners = {type(m).__module__: m for m in model.modules()
+              if type(m).__module__.startswith("transformers.")}
+    if not owners:
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:
+        return
+    before = set(pytree.SUPPORTED_NODES)
+    for module in owners.values():  # each modeling file's own cache classes
+        register_cache_pytrees_for_model(module)
+    for cls in set(pytree.SUPPORTED_NODES) - before:
+        REGISTERED_OUTPUTS.setdefault(cls, 0)
+
+
+# Containers torch's pytree knows itself (namedtuples and dataclasses aside).
+_TORCH_CONTAINERS = (tuple, list, dict, collections.OrderedDict, collections.defaultdict,
+                     collections.deque, type(None))
+
+
+def _foreign_spec_types(model: nn.Module) -> list[type]:
+    """The types other than torch's containers, dataclasses and namedtuples in the input or
+    output spec of a GraphModule's pytree codegen (``ep.module()`` of a program whose model
+    takes or returns a transformers cache): its forward calls their flatten functions, which
+    are arbitrary Python (transformers' import classes by name, which dynamo refuses to trace)."""
+    info = getattr(getattr(getattr(model, "graph", None), "_codegen", None), "pytree_info", None)
+    found: list[type] = []
+    todo = [s for s in (getattr(info, "in_spec", None), getattr(info, "out_spec", None)) if s]
+    while todo:
+        spec = todo.pop()
+        cls = spec.type
+        if (cls is not None and cls not in _TORCH_CONTAINERS and not dataclasses.is_dataclass(cls)
+                and not pytree.is_namedtuple_class(cls) and cls not in found):
+            found.append(cls)
+        todo += [spec.child(i) for i in range(spec.num_children)]
+    return found
 
 
 def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
@@ -831,6 +893,18 @@ def _inline_recomputed(graph: fx.Graph, owner: fx.GraphModule) -> None:
             graph.erase_node(ref)
 
 
+def _with_fresh_names(graph: fx.Graph) -> fx.Graph:
+    """``graph`` copied node for node (names and meta kept) into a graph whose namespace holds
+    only the names in use. fx never frees an erased node's name, so without this the casts of
+    a second transform would be ``to_6``, ``to_7``, ... where the first named them ``to``."""
+    fresh = fx.Graph(tracer_cls=graph._tracer_cls, tracer_extras=graph._tracer_extras)
+    fresh._codegen = graph._codegen
+    old_output = next(iter(graph.find_nodes(op="output")))
+    out = fresh.graph_copy(graph, {})
+    fresh.output(out, type_expr=old_output.type).meta = copy.copy(old_output.meta)
+    return fresh
+
+
 def _recapture(gm: fx.GraphModule) -> Capture:
     """The graph amprewrite captured for an already transformed GraphModule: its own graph (no
     re-trace, node names kept) without the casts amprewrite inserted, so transforming twice
@@ -849,6 +923,7 @@ def _recapture(gm: fx.GraphModule) -> Capture:
         if M.CAST in node.meta:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
+    graph = _with_fresh_names(graph)
     for node in graph.nodes:
         M.reset(node)
     cls = DynamoGraphModule if isinstance(gm, DynamoGraphModule) else fx.GraphModule
@@ -860,16 +935,37 @@ def _recapture(gm: fx.GraphModule) -> Capture:
     return Capture(new, gm.meta[REPORT_KEY].capture, training)
 
 
+@contextlib.contextmanager
+def _registrations_held() -> Iterator[None]:
+    """Keep every pytree registration amprewrite made for the length of a capture, so a graph
+    collected meanwhile cannot take away one the capture is using; afterwards, release those
+    no live graph returns (caches registered for a model that returned none of them)."""
+    held = tuple(REGISTERED_OUTPUTS)
+    for cls in held:
+        REGISTERED_OUTPUTS[cls] += 1
+    try:
+        yield
+    finally:
+        added = tuple(c for c in REGISTERED_OUTPUTS if c not in held)
+        for cls in added:
+            REGISTERED_OUTPUTS[cls] += 1
+        _release_registrations(held + added)
+
+
 def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: object = BATCH,
             method: str = "dynamo") -> Capture:
     """Capture ``model``: symbolic trace without example inputs; with them, ``method``
     ``"dynamo"`` (dynamo export) or ``"export"`` (non-strict torch.export); ``dynamic_shapes``
     as :func:`amprewrite.transform` takes it."""
-    with sources_die_with_code():  # the export's and the rebuilds' generated code
+    with sources_die_with_code(), _registrations_held():
         if isinstance(model, fx.GraphModule) and REPORT_KEY in model.meta:
             return _recapture(model)
         if example_inputs is None:
             return Capture(_symbolic(model), "symbolic_trace", None)
         args, kwargs = split_inputs(example_inputs)
+        if method == "dynamo" and _foreign_spec_types(model):
+            # Its forward flattens and unflattens them in Python that dynamo cannot trace;
+            # non-strict export runs that Python as it is (the graph is ATen-level either way).
+            method = "export"
         return Capture(_with_inputs(model, args, kwargs, dynamic_shapes, method), method,
                        model.training)

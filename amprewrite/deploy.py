@@ -29,10 +29,11 @@ from .api import transform
 from .capture import split_inputs
 from .errors import AmpRewriteError, PolicyError
 from .policy import parse_dtype
+from .portable import foreign_types, loads_alone, plain, portable_module
 from .progress import status
 from .report import text_table
 from .shapes import BATCH, capture_spec
-from .verify import VERIFY_ROUNDOFFS, float_leaves, rel_err, verify_bound
+from .verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 
 __all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",
            "DeployResult", "export", "preflight"]
@@ -262,7 +263,9 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     status("exporting with torch.export", log=True)
     start = time.perf_counter()
     try:
-        ep = torch.export.export(gm, args, kwargs, dynamic_shapes=spec)
+        # Outputs in torch's own containers: a ModelOutput or a cache in the program would
+        # make it load only where transformers registered them (amprewrite.portable).
+        ep = torch.export.export(portable_module(gm), args, kwargs, dynamic_shapes=spec)
     except Exception as exc:
         raise DeployError(
             f"torch.export.export failed on the transformed graph: {type(exc).__name__}: "
@@ -275,6 +278,14 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         files = _WRITERS[to](ep, args, kwargs, path)
     timings["write"] = time.perf_counter() - start
     result = DeployResult(to, dtype, files, gm, _batch_range(ep), timings=timings)
+    changed = foreign_types(getattr(gm.graph._codegen, "pytree_info", None)
+                            and gm.graph._codegen.pytree_info.out_spec)
+    if changed:
+        result.notes.append(
+            f"the program returns dicts and tuples where the model returns "
+            f"{', '.join(sorted({c.__name__ for c in changed}))}, so that it loads where only "
+            "torch is imported (a dataclass as a dict, a cache as its layers' tensors; "
+            "docs/guide.md, \"Deploying\")")
     if not check:
         result.skipped = "the file was not loaded back or run (check=False)"
         return result
@@ -438,6 +449,12 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
         result.problems.append(f"{path} fails to load with {_LOADER[result.to]}: "
                                f"{type(exc).__name__}: {_first_line(exc)}")
         return
+    if result.to == "pt2":
+        status("loading the program in a new process that imports only torch", log=True)
+        alone = loads_alone(path)
+        if alone is not None:
+            result.problems.append(f"{path} fails to load with {_LOADER[result.to]} in a new "
+                                   f"Python process that imports only torch: {alone}")
     for batch, a, k in _runs(result, ep, args, kwargs, other_batches):
         status(f"running the artefact at batch {batch}")
         try:
@@ -449,7 +466,7 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
             continue
         with torch.no_grad():
             graphs = _tensors(result.gm(*a, **k))
-            refs = float_leaves(model(*a, **k))
+            refs = _floats(model(*a, **k))
             autos = _autocast(model, a, k, result.dtype)
         problem = _compare(outs, graphs, batch)
         if problem is not None:
@@ -522,9 +539,13 @@ def _runs(result: DeployResult, ep, args: tuple, kwargs: dict, other_batches: in
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
-    if hasattr(value, "to_tuple"):  # a transformers ModelOutput, as float_leaves reads it
-        value = value.to_tuple()
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+    # The program returns its outputs plain (portable_module); the model's and the graph's are
+    # read in the same form, so the three compare leaf by leaf.
+    return [t for t in pytree.tree_leaves(plain(value)) if isinstance(t, torch.Tensor)]
+
+
+def _floats(value: object) -> list[torch.Tensor]:
+    return [t for t in _tensors(value) if t.is_floating_point()]
 
 
 def _compare(outs: list[torch.Tensor], graphs: list[torch.Tensor], batch: int | None
@@ -557,7 +578,7 @@ def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
     device = next((t.device.type for t in [*model.parameters(), *model.buffers()]), "cpu")
     try:
         with torch.autocast(device, dtype=dtype):
-            return float_leaves(model(*args, **kwargs))
+            return _floats(model(*args, **kwargs))
     except Exception:  # an op without a low-precision kernel: autocast has no error to show
         return None
 

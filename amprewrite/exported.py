@@ -11,7 +11,11 @@ with the dynamic dimensions of ``ep``, so the program it returns takes the sizes
   no branches on values) but not to verify on;
 - **dynamic shapes**: every input dimension ``ep`` holds as a symbol becomes a
   ``torch.export.Dim`` with that symbol's range from ``ep.range_constraints`` (``2 * s0`` a
-  derived ``Dim``); the capture and the export again both use that spec.
+  derived ``Dim``; a bound of torch's ``int_oo`` is no bound); the capture and the export again
+  both use that spec;
+- **transformers' programs** (``transformers.exporters.DynamoExporter``) return a cache, whose
+  pytree functions dynamo cannot trace: :func:`amprewrite.capture.capture` captures such a
+  module with non-strict export.
 
 The registry classifies ATen ops by their base name (``aten::linear`` is ``F.linear``'s family),
 so the program gets the decisions the ``nn.Module`` gets.
@@ -20,6 +24,7 @@ so the program gets the decisions the ``nn.Module`` gets.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 
 import sympy
@@ -121,9 +126,9 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
         (sym,) = expr.free_symbols
         if sym not in dims:
             vr = ep.range_constraints.get(sym)
-            lo = int(vr.lower) if vr is not None and vr.lower.is_finite else 0
-            hi = int(vr.upper) if vr is not None and vr.upper.is_finite else None
-            dims[sym] = torch.export.Dim(str(sym), min=lo, max=hi)
+            lo = _finite(vr.lower) if vr is not None else None
+            hi = _finite(vr.upper) if vr is not None else None
+            dims[sym] = torch.export.Dim(str(sym), min=lo or 0, max=hi)
         root = dims[sym]
         scale, offset = expr.coeff(sym), expr.subs(sym, 0)
         if expr == sym:
@@ -144,6 +149,14 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
         return None
     args, kwargs = pytree.tree_unflatten(leaves, ep.call_spec.in_spec)
     return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+
+
+def _finite(bound: object) -> int | None:
+    """A range bound as an int, or None when it is infinite. torch writes an unbounded size as
+    its own ``int_oo``, a sympy number that calls itself finite (``is_finite`` is True) and that
+    ``int()`` cannot convert; ``float()`` of it is ``inf``, as of sympy's ``oo``."""
+    value = float(bound)
+    return int(value) if math.isfinite(value) else None
 
 
 def _made_inputs(ep: torch.export.ExportedProgram) -> tuple[tuple, dict]:

@@ -56,3 +56,38 @@ def test_greedy_tokens_equal_autocast_and_the_model_is_untouched(static_cache):
 def test_for_generation_rejects_a_model_without_generate():
     with pytest.raises(amprewrite.ModelError, match="transformers model with generate"):
         amprewrite.for_generation(nn.Linear(4, 4))
+
+
+def _default_config_model(name):
+    """GPT-2, T5 and BART with their default config (use_cache=True), small."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                            bos_token_id=0, eos_token_id=0)
+        return tf.GPT2LMHeadModel(cfg).eval()
+    if name == "t5":
+        cfg = tf.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                          num_heads=4, decoder_start_token_id=0)
+        return tf.T5ForConditionalGeneration(cfg).eval()
+    cfg = tf.BartConfig(vocab_size=256, d_model=64, encoder_layers=2, decoder_layers=2,
+                        encoder_attention_heads=4, decoder_attention_heads=4,
+                        encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    return tf.BartForConditionalGeneration(cfg).eval()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "t5", "bart"])
+def test_default_config_causal_and_seq2seq_models_generate_as_autocast(name):
+    model = _default_config_model(name)
+    assert model.config.use_cache
+    ids = torch.randint(3, 256, (2, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    with torch.autocast("cpu", torch.bfloat16):
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                              do_sample=False)
+    fast = amprewrite.for_generation(model, torch.bfloat16)
+    got = fast.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                        do_sample=False)
+    assert torch.equal(got, want)

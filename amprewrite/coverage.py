@@ -23,7 +23,7 @@ from .ops import (
     family_for_method,
 )
 
-__all__ = ["FP32_BY_DEFAULT", "coverage", "families_markdown", "overridable_ops"]
+__all__ = ["FP32_BY_DEFAULT", "coverage", "families_markdown", "overridable_ops", "torch_minor"]
 
 
 def _name(fn: object) -> str:
@@ -71,6 +71,11 @@ def coverage() -> dict[str, int]:
     return counts
 
 
+def torch_minor() -> str:
+    """This torch's ``major.minor`` (``"2.13"``)."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
 def families_markdown() -> str:
     """The op-family table as Markdown (docs/families.md is this output)."""
     def spell(f: Family) -> str:
@@ -84,8 +89,11 @@ def families_markdown() -> str:
     lines = [
         "# Op families and precision classes",
         "",
-        "Generated from `amprewrite/ops.py` by `amprewrite families > docs/families.md`;",
-        "a test fails when this file and the registry disagree.",
+        f"Generated on torch {torch_minor()} from `amprewrite/ops.py` by "
+        "`amprewrite families > docs/families.md`;",
+        "a test fails when this file and the registry disagree. On another torch the counts",
+        "and the spellings that only one of the two torches has differ (torch 2.14 adds",
+        "`torch.linalg.matrix_sqrth` and `torch.linalg.polar`).",
         "",
         "An op the registry does not know runs in **fp32** with its inputs cast up, and the",
         "report names it (`unknown op 'torch.foo': fp32; allow_low=['node:…'] to override`).",
@@ -132,8 +140,29 @@ _MIXED_NOTE = {Mixed.LOW_IO: "reads low, writes low (fp32 weights, computes in f
                Mixed.FP32_HELPER: "else a runtime helper: reads and saves low, computes in fp32"}
 
 
+# Where users reach the functions, searched in this order: a function is spelled by the first
+# public name that holds it (``torch.linalg.inv``, not ``torch._C._linalg.linalg_inv``), a name
+# that stays put when torch moves the code behind it (torch 2.14 moved ``torch.cholesky`` into
+# ``torch._linalg_utils``).
+_PUBLIC = (("torch", torch), ("torch.nn.functional", torch.nn.functional),
+           ("torch.special", torch.special), ("torch.linalg", torch.linalg),
+           ("torch.fft", torch.fft), ("torch._C._nn", torch._C._nn))
+
+
+@functools.cache
+def _public_names() -> dict[int, str]:
+    names: dict[int, str] = {}
+    for prefix, space in _PUBLIC:
+        for attr, value in vars(space).items():
+            if callable(value) and not attr.startswith("_"):
+                names.setdefault(id(value), f"{prefix}.{attr}")
+    return names
+
+
 def _spelled(fn: object) -> str:
+    public = _public_names().get(id(fn))
+    if public is not None:
+        return public
     module = getattr(fn, "__module__", None) or "torch"
-    module = {"_operator": "operator", "torch._C._nn": "torch._C._nn",
-              "torch._C._VariableFunctions": "torch"}.get(module, module)
+    module = {"_operator": "operator", "torch._C._VariableFunctions": "torch"}.get(module, module)
     return f"{module}.{getattr(fn, '__name__', fn)}"

@@ -303,8 +303,9 @@ MASK_DRAWS = frozenset({torch.ops.aten.bernoulli, torch.ops.aten.bernoulli_,
 # any public op not here.
 FP32_BY_DEFAULT: frozenset[str] = frozenset({
     # Whole recurrent networks: flat weight lists; nn.LSTM/GRU/RNN are unknown modules (fp32),
-    # and so is the mkldnn kernel of one layer (CPU autocast runs it low).
-    "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer",
+    # and so are the mkldnn kernel of one layer and the cuDNN kernel of a whole network (CPU
+    # and CUDA autocast run them low; CUDA's registers _cudnn_rnn from torch 2.14).
+    "lstm", "gru", "rnn_tanh", "rnn_relu", "mkldnn_rnn_layer", "_cudnn_rnn",
     # A composite traced through by both captures; only called whole by a symbolic trace.
     "multi_head_attention_forward",
     # Tuple of differences (arithmetic); rare in models.
@@ -676,6 +677,7 @@ _LINALG = [
     "cholesky_solve", "solve", "solve_triangular", "pinv", "pinverse", "matrix_power",
     "matrix_exp", "lu_solve", "ldl_solve", "matrix_rank", "householder_product", "orgqr",
     "ormqr", "tensorinv", "tensorsolve", "cond", "vander",
+    "matrix_sqrth",  # torch.linalg.matrix_sqrth, new in torch 2.14
 ]
 # The same, returning tuples (some items integer pivots or infos, some complex).
 _LINALG_TUPLES = [
@@ -683,6 +685,7 @@ _LINALG_TUPLES = [
     "lstsq", "lu", "lu_factor", "lu_factor_ex", "lu_unpack", "ldl_factor", "ldl_factor_ex",
     "geqrf", "triangular_solve", "pca_lowrank", "svd_lowrank", "lobpcg", "frexp",
     "_lu_with_info",
+    "linalg.polar",  # the polar decomposition (torch 2.14); torch.polar is the complex family's
 ]
 
 _FFT = ["fft.fft", "fft.ifft", "fft.fft2", "fft.ifft2", "fft.fftn", "fft.ifftn", "fft.rfft",
@@ -813,8 +816,10 @@ _TABLE: list[Family] = [
     _op("ifft_real", H, _IFFT_REAL, out=Out.REAL,
         why="reads complex spectra, which keep the model's dtype; no bf16 FFT kernels",
         op_names=("aten::_fft_c2r",)),
-    _op("complex", H, ["view_as_complex", "polar", "complex", "view_as_complex_copy"],
-        out=Out.COMPLEX, aliases={"view_as_complex": Alias.VIEW},
+    # torch.polar by name: a bare "polar" would also take torch.linalg.polar (torch 2.14), the
+    # polar decomposition of a matrix, which returns a tuple of real matrices.
+    _op("complex", H, ["view_as_complex", "complex", "view_as_complex_copy"],
+        functions=[torch.polar], out=Out.COMPLEX, aliases={"view_as_complex": Alias.VIEW},
         why="complex results: no bf16 complex dtype, few complex32 kernels"),
     _op("angle", H, ["angle"], out=Out.REAL),
     _op("complex_parts", N, ["view_as_real", "real", "imag", "conj", "conj_physical",
@@ -986,14 +991,17 @@ _TABLE: list[Family] = [
         aliases={**dict.fromkeys(
             ["view", "view_as", "transpose", "t", "permute", "unsqueeze", "squeeze", "unflatten",
              "movedim", "moveaxis", "swapaxes", "swapdims", "as_strided", "unfold", "detach",
-             "alias", "expand", "expand_as", "T", "mT", "H", "mH", "data"], Alias.VIEW),
+             "alias", "expand", "expand_as", "T", "mT", "H", "mH", "data", "adjoint",
+             "numpy_T", "matrix_H"], Alias.VIEW),
                  **dict.fromkeys(["reshape", "reshape_as", "flatten", "contiguous"],
                                  Alias.MAYBE_VIEW),
                  **dict.fromkeys(["atleast_1d", "atleast_2d", "atleast_3d"], Alias.MULTI)},
         writes=dict.fromkeys(["t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
                               "swapdims_", "swapaxes_", "resize_", "resize_as_", "set_",
                               "detach_"], Write.METADATA),
-        op_names=("aten::alias", "aten::slice", "aten::resize_")),
+        # t.T, t.mT, t.H, t.mH: torch 2.14's dynamo writes them as these ATen ops.
+        op_names=("aten::alias", "aten::slice", "aten::resize_", "aten::numpy_T", "aten::mT",
+                  "aten::mH", "aten::matrix_H")),
     _op("split", N, ["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
                      "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "hsplit",
                      "vsplit", "dsplit", "meshgrid", "split_copy", "split_with_sizes_copy",

@@ -10,16 +10,47 @@ from pathlib import Path
 
 import pytest
 
-from amprewrite.coverage import families_markdown
+from amprewrite.coverage import families_markdown, torch_minor
 from amprewrite.ops import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _family_rows(text: str) -> dict[str, tuple[str, set[str]]]:
+    """{family: (notes, spellings)} from the doc's tables."""
+    rows = {}
+    for m in re.finditer(r"^\| `(\w+)` \| (.*?) \| (.*) \|$", text, re.M):
+        rows[m[1]] = (m[2], set(re.findall(r"`([^`]+)`", m[3])))
+    return rows
+
+
+def _exists(spelling: str) -> bool:
+    """Whether this torch has a function or Tensor method so spelled."""
+    import torch
+
+    from amprewrite.modules import get_attr
+
+    root, _, rest = spelling.partition(".")
+    base = {"torch": torch, "Tensor": torch.Tensor, "nn": torch.nn}.get(root)
+    return base is not None and get_attr(base, rest, None) is not None
+
+
 def test_families_doc_matches_the_table():
     text = (ROOT / "docs" / "families.md").read_text()
     expected = families_markdown().strip()
-    assert text.strip() == expected, "regenerate: amprewrite families > docs/families.md"
+    made_on = re.search(r"Generated on torch (\d+\.\d+)", text)[1]
+    if made_on == torch_minor():
+        assert text.strip() == expected, "regenerate: amprewrite families > docs/families.md"
+    else:
+        # Another torch: the same families, classes and notes, and the same text around them;
+        # a spelling of the doc may be missing only where this torch lacks the function.
+        doc, now = _family_rows(text), _family_rows(expected)
+        assert doc.keys() == now.keys()
+        for name, (notes, spellings) in doc.items():
+            assert notes == now[name][0], name
+            assert not {s for s in spellings - now[name][1] if _exists(s)}, name
+        strip = r"(?m)^Generated on torch .*$|^\| in a family.*$|^\| [^`].* \| \d+ \|$|^\| `.*$"
+        assert re.sub(strip, "", text).strip() == re.sub(strip, "", expected).strip()
     assert all(f"`{name}`" in text for name in FAMILIES)
 
 

@@ -544,6 +544,16 @@ AUTOCAST_LISTS = {
     ("cuda", "banned"): "binary_cross_entropy",  # raises "unsafe to autocast"
 }
 AUTOCAST = {key: names.split() for key, names in AUTOCAST_LISTS.items()}
+# torch 2.14 removed the ATen ops cholesky and qr (torch.cholesky and torch.qr call linalg's
+# now), casts its new linalg_matrix_sqrth to fp32 on CPU and CUDA, and registers CUDA
+# autocast's low _cudnn_rnn (whole recurrent networks) under AutocastCUDA.
+TORCH_2_14 = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
+if TORCH_2_14:
+    AUTOCAST[("cpu", "fp32")] = [n for n in AUTOCAST[("cpu", "fp32")]
+                                 if n not in ("cholesky", "qr")]
+    for device in ("cpu", "cuda"):
+        AUTOCAST[(device, "fp32")].append("linalg_matrix_sqrth")
+    AUTOCAST[("cuda", "low")].append("_cudnn_rnn")
 
 # Where the registry runs an op of autocast's low or fp32 list in another class, and why. Every
 # entry is deliberate; the test fails when one appears or goes away.
@@ -568,6 +578,8 @@ AUTOCAST_DISAGREEMENTS = {
     "avg_pool3d": "promote", "adaptive_avg_pool3d": "promote",
     # Quantization simulation: no family; unknown ops run in fp32, as autocast runs it.
     "fake_quantize_per_tensor_affine": "fp32 by default",
+    # A whole recurrent network's cuDNN kernel, like mkldnn_rnn_layer (torch 2.14 lists it).
+    **({"_cudnn_rnn": "fp32 by default"} if TORCH_2_14 else {}),
 }
 
 

@@ -67,6 +67,11 @@ from .base import Kind, Pass
 __all__ = ["Functionalize"]
 
 
+# Tensor properties as torch 2.14's dynamo writes them (aten.numpy_T for t.T): a view chain
+# replays them as the property.
+_PROPERTY_OPS = {"numpy_T": "T", "matrix_H": "H", "mT": "mT", "mH": "mH"}
+
+
 def _op_name(node: fx.Node) -> str:
     if node.op == "call_method":
         return str(node.target)
@@ -380,8 +385,9 @@ class _Functionalizer:
                 continue  # identities wherever they alias (x.float() of a float x is x)
             if name in ("reshape", "reshape_as"):
                 name = name.replace("reshape", "view")  # fails loudly where it would copy
-            if view.op == "call_function" and view.target is builtins.getattr:
-                steps.append((name, (), {}))
+            if view.op == "call_function" and (view.target is builtins.getattr
+                                               or name in _PROPERTY_OPS):
+                steps.append((_PROPERTY_OPS.get(name, name), (), {}))
             elif view.op == "call_function" and alias_of(name) is Alias.VIEW and not hasattr(
                     torch.Tensor, name):
                 # A view function the registry names (a library's view op): replayed by calling

@@ -35,6 +35,7 @@ def transform(
     *,
     example_inputs: object = None,
     calibration: Iterable[object] = (),
+    overflow: str = "fp32",
     keep_fp32: Iterable[Selector] = (),
     allow_low: Iterable[Selector] = (),
     params: str = "fp32",
@@ -65,6 +66,11 @@ def transform(
             too"): in fp16 a value past 65504 / 16 on any of them is computed and stored in
             fp32, with the reason in the report. Without ``example_inputs`` the first batch
             is the example inputs. Verification runs on the example inputs only.
+        overflow: what a value past fp16's range (on the example inputs and calibration
+            batches) gets: ``"fp32"`` (default) computes and stores it in fp32, the most
+            accurate; ``"rescale"`` runs a linear or matmul whose result passes it in fp16 on
+            its weight scaled by a power of two and scales the result back in fp32 (exact):
+            its FLOPs stay in fp16, its result carries fp16's rounding.
         keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``), op
             family names (``"softmax"``) or graph nodes (``"node:matmul_1"``, names as in the
             report; what :func:`amprewrite.find_fp32_nodes` returns) to compute in fp32.
@@ -126,7 +132,7 @@ def transform(
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
                     on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
-                    capture=capture, calibration=calibration)
+                    capture=capture, calibration=calibration, overflow=overflow)
     with transform_progress(progress):
         return transform_with(model, policy, example_inputs)
 

@@ -34,11 +34,39 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     low = low_dtype(dtype)
     if low is not None:
         return low
+    if isinstance(dtype, (torch.Tensor, tuple, list, dict)):
+        # transform(model, (x,)): inputs in dtype's place. Name them; never print the tensors.
+        raise PolicyError(
+            f"dtype got {_what(dtype)}, which looks like example inputs: the second argument "
+            "of transform is the dtype. Pass the inputs by keyword, "
+            "transform(model, example_inputs=(x,)) (dtype defaults to bfloat16), or both: "
+            "transform(model, torch.float16, example_inputs=(x,))."
+        )
     raise PolicyError(
-        f"amprewrite converts models to bfloat16 or float16, got dtype={dtype!r}. "
+        f"amprewrite converts models to bfloat16 or float16, got dtype={_short_repr(dtype)}. "
         "Pass dtype=torch.bfloat16 (or 'bf16') or dtype=torch.float16 (or 'fp16'); "
         "for a pure fp32 model there is nothing to rewrite."
     )
+
+
+def _what(value: object) -> str:
+    """A value described by its type and its tensors' shapes, never its contents: ``a tuple
+    of 1 (a Tensor float32[20,20])``."""
+    if isinstance(value, torch.Tensor):
+        shape = ",".join(map(str, value.shape))
+        return f"a Tensor {str(value.dtype).replace('torch.', '')}[{shape}]"
+    if isinstance(value, (tuple, list)):
+        items = ", ".join(_what(v) for v in value[:3]) + (", ..." if len(value) > 3 else "")
+        return f"a {type(value).__name__} of {len(value)} ({items})"
+    if isinstance(value, dict):
+        return f"a dict of {len(value)} ({', '.join(map(repr, list(value)[:3]))}" + (
+            ", ...)" if len(value) > 3 else ")")
+    return _short_repr(value)
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def calibration_batches(value: object) -> tuple:
@@ -107,6 +135,9 @@ class Policy:
     dynamic_shapes: object = field(default="batch", hash=False)
     # With example inputs: how the model is captured (see CAPTURES).
     capture: Literal["dynamo", "export"] = "dynamo"
+    # fp16 values past the range (with headroom): "fp32" computes and stores them in fp32;
+    # "rescale" runs a matmul whose result passes it low on its weight scaled by 2**-k.
+    overflow: Literal["fp32", "rescale"] = "fp32"
     # More input batches whose value ranges the plan reads besides the example inputs'
     # (transform(calibration=...)); data, not options: not compared, hashed or shown.
     calibration: tuple = field(default=(), hash=False, compare=False, repr=False)
@@ -162,6 +193,13 @@ class Policy:
                 "traced with torch.fx.symbolic_trace."
             )
         object.__setattr__(self, "calibration", calibration_batches(self.calibration))
+        if self.overflow not in ("fp32", "rescale"):
+            raise PolicyError(
+                f"overflow must be 'fp32' (values past fp16's range computed and stored in "
+                f"fp32, the default) or 'rescale' (a matmul whose result passes it runs in fp16 "
+                f"on its weight scaled by a power of two, scaled back in fp32), got "
+                f"{self.overflow!r}."
+            )
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")
         if not isinstance(self.keep_io_dtype, bool):

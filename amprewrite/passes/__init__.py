@@ -33,6 +33,7 @@ from .plan_casts import PlanCasts
 from .recompute_islands import RecomputeIslands
 from .record_ranges import RecordRanges
 from .replace_upsample import ReplaceUpsample
+from .rescale_matmuls import RescaleMatmuls
 from .store_params import StoreParams
 from .transform_bodies import TransformBodies
 from .vectorize_loops import VectorizeLoops
@@ -63,6 +64,9 @@ PASSES: tuple[type[Pass], ...] = (
     # After every rewrite (it records the values of the ops painting will see), before
     # painting, which reads the ranges like a precision class.
     RecordRanges,
+    # Reads the ranges: a matmul past the range runs low on operands scaled by a power of two
+    # (exact), scaled back in fp32; painting then classes the nodes it made.
+    RescaleMatmuls,
     PaintPrecision,
     # The cast plan (which dtype each value is stored in), then the casts that realise it.
     PlanCasts,

@@ -315,11 +315,14 @@ class PaintPrecision(Pass):
                     if ra is None:
                         continue
                     what = "weight" if arg.op == "get_attr" else "input"
-                    if ra.absmax > limit:
+                    # A parameter is known, not sampled: its own range is the dtype's.
+                    if ra.absmax > (limit if what == "input" else torch.finfo(low).max):
                         seen = "" if arg.op == "get_attr" else f" on {where}"
                         name = arg.target if arg.op == "get_attr" else arg.name
+                        bound = (describe_limit(low) if what == "input"
+                                 else f"{short} max {torch.finfo(low).max:.6g}")
                         why = (f"range: reads {what} '{name}' with |x| up to {ra.absmax:.3g}"
-                               f"{seen} > {describe_limit(low)}")
+                               f"{seen} > {bound}")
                         break
                     if arg.op == "get_attr" and ra.tiny_share > TINY_SHARE:
                         why = (f"range: {short} would store weight '{arg.target}' mostly "

@@ -4,26 +4,56 @@
 >>> gm = amprewrite.transform(torch.nn.Linear(4, 2), dtype="bf16")
 >>> gm(torch.randn(3, 4)).dtype
 torch.float32
+
+``import amprewrite`` imports no torch: each public name loads its module on first use
+(PEP 562). That keeps the command line's start (``--help``, usage errors, Ctrl-C while torch
+loads) in the CLI's hands, and a script pays for what it uses.
 """
 
-from .api import transform
-from .backend import amprewrite_backend, backend
-from .errors import (
-    AmpRewriteError,
-    CaptureError,
-    ModelError,
-    ModeSwitchError,
-    NotVerifiedWarning,
-    PassError,
-    PolicyError,
-    ShapeError,
-    VerificationError,
-)
-from .generation import for_generation
-from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
-from .ops import FAMILIES, Family, Precision, override_families, register_family
-from .policy import Policy
-from .report import Decision, Report, Rewrite, report
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from .api import transform
+    from .backend import amprewrite_backend, backend
+    from .errors import (
+        AmpRewriteError,
+        CaptureError,
+        ModelError,
+        ModeSwitchError,
+        NotVerifiedWarning,
+        PassError,
+        PolicyError,
+        ShapeError,
+        VerificationError,
+    )
+    from .generation import for_generation
+    from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
+    from .ops import FAMILIES, Family, Precision, override_families, register_family
+    from .policy import Policy
+    from .report import Decision, Report, Rewrite, report
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "transform": "api",
+    "amprewrite_backend": "backend", "backend": "backend",
+    **dict.fromkeys(("AmpRewriteError", "CaptureError", "ModelError", "ModeSwitchError",
+                     "NotVerifiedWarning", "PassError", "PolicyError", "ShapeError",
+                     "VerificationError"), "errors"),
+    "for_generation": "generation",
+    **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
+                    "numerics"),
+    **dict.fromkeys(("FAMILIES", "Family", "Precision", "override_families",
+                     "register_family"), "ops"),
+    "Policy": "policy",
+    **dict.fromkeys(("Decision", "Report", "Rewrite", "report"), "report"),
+}
 
 __all__ = [
     "FAMILIES",
@@ -55,3 +85,81 @@ __all__ = [
     "transform",
 ]
 __version__ = "0.1.0"
+
+
+def _load(name: str) -> object:
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
+
+class _Package(types.ModuleType):
+    """The package's module type. ``report`` and ``backend`` name both a submodule and the
+    function in it; the function wins, as it did with eager imports: importing the submodule
+    sets the package attribute (Python does that on a submodule's first import), and these
+    properties ignore that."""
+
+    report = property(lambda self: _load("report"), lambda self, value: None)
+    backend = property(lambda self: _load("backend"), lambda self, value: None)
+
+    def __getattr__(self, name: str) -> object:
+        if name in _EXPORTS:
+            value = _load(name)
+            setattr(self, name, value)
+            return value
+        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")  # amprewrite.ops, as before
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *_EXPORTS})
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+# --- the torch.compile backend "amprewrite", registered on import without importing torch ----
+
+_REGISTRY = "torch._dynamo.backends.registry"
+
+
+def _compile_lazily(gm, example_inputs, options=None, mode=None):
+    """``amprewrite.backend.amprewrite_backend``, imported when torch.compile first calls it."""
+    from .backend import amprewrite_backend
+
+    return amprewrite_backend(gm, example_inputs, options=options, mode=mode)
+
+
+def _register(registry: types.ModuleType) -> None:
+    # Not where torch knows the entry point (it registers what the entry point loads, and a
+    # second registration is an error), nor twice.
+    if (registry._BACKENDS.get("amprewrite") is None  # type: ignore[attr-defined]
+            and "amprewrite" not in registry._COMPILER_FNS):  # type: ignore[attr-defined]
+        registry.register_backend(compiler_fn=_compile_lazily,  # type: ignore[attr-defined]
+                                  name="amprewrite")
+
+
+class _RegisterWithDynamo(importlib.abc.MetaPathFinder):
+    """Registers the backend when dynamo's backend registry is first imported (by
+    ``torch.compile``). An installed amprewrite is also found through its
+    ``torch_dynamo_backends`` entry point."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _register(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if _REGISTRY in sys.modules:
+    _register(sys.modules[_REGISTRY])
+elif not any(isinstance(f, _RegisterWithDynamo) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterWithDynamo())

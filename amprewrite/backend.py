@@ -149,8 +149,10 @@ _REGISTRY = "torch._dynamo.backends.registry"
 
 
 def _register(registry: object) -> None:
-    backends = registry._BACKENDS  # type: ignore[attr-defined]
-    if "amprewrite" not in backends or backends["amprewrite"] is None:
+    # Not where torch knows the entry point (it registers what that loads), nor twice
+    # (amprewrite/__init__.py may have registered its lazy wrapper; _BACKENDS is None then too).
+    if (registry._BACKENDS.get("amprewrite") is None  # type: ignore[attr-defined]
+            and "amprewrite" not in registry._COMPILER_FNS):  # type: ignore[attr-defined]
         registry.register_backend(compiler_fn=amprewrite_backend,  # type: ignore[attr-defined]
                                   name="amprewrite")
 

@@ -27,7 +27,6 @@ import inspect
 import math
 from dataclasses import dataclass
 
-import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
@@ -116,6 +115,8 @@ def _user_inputs(ep: torch.export.ExportedProgram) -> list[object]:
 
 def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) -> dict | None:
     """``{argument: {dim: Dim}}`` for every input dimension ``ep`` holds as a symbol."""
+    import sympy  # here, not at the top: it costs `import amprewrite` 0.3-0.6 s
+
     dims: dict[sympy.Symbol, torch.export.Dim] = {}
 
     def dim_of(expr: sympy.Expr) -> object:

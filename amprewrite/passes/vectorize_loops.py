@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import torch
-from networkx.algorithms.isomorphism import DiGraphMatcher
 from torch import fx
 
 from .. import meta as M
@@ -35,6 +34,9 @@ from ..meta import info
 from ..report import record
 from ..runtime import batch_gather, batch_index, vmap_call
 from .base import Kind, Match, Pass, Replacement, Rule, apply_rules, arguments
+
+if TYPE_CHECKING:  # imported where used: networkx costs `import amprewrite` 0.2-0.4 s
+    import networkx as nx
 
 __all__ = ["VectorizeLoops"]
 
@@ -132,6 +134,8 @@ def _flat_inputs(n: fx.Node) -> list[fx.Node]:
 
 
 def _as_graph(it: _Iteration) -> nx.DiGraph:
+    import networkx as nx
+
     g = nx.DiGraph()
     for n in [*it.nodes, *it.slices, *it.externals]:
         g.add_node(n, label=_label(n, it))
@@ -190,6 +194,8 @@ def _near_miss(join: fx.Node, its: list[_Iteration]) -> str | None:
 
 
 def _isomorphic(its: list[_Iteration]) -> bool:
+    from networkx.algorithms.isomorphism import DiGraphMatcher
+
     first = _as_graph(its[0])
     for it in its[1:]:
         matcher = DiGraphMatcher(first, _as_graph(it),

@@ -140,8 +140,7 @@ class SvgRender:
                 proc.kill()
                 proc.wait()
                 result.problem = (f"dot timed out after {self.timeout:g} s on a graph of "
-                                  f"{result.nodes} nodes; the HTML report (index.html) shows "
-                                  "the graph, or raise --render-timeout")
+                                  f"{result.nodes} nodes; raise --render-timeout")
         for thread in self._threads:
             thread.join(timeout=5)
         for name, proc in self._procs.items():

@@ -77,6 +77,20 @@ def test_unsupported_dtype(dtype):
     _check(mlp(), PolicyError, "converts models to bfloat16 or float16", dtype=dtype)
 
 
+@pytest.mark.parametrize("inputs", [(torch.randn(20, 20),), torch.randn(20, 20),
+                                    [torch.randn(20, 20)], {"x": torch.randn(20, 20)}],
+                         ids=["tuple", "tensor", "list", "dict"])
+def test_inputs_in_dtypes_place_are_named_not_printed(inputs):
+    """transform(model, (x,)): the error says where inputs go and shows no tensor values."""
+    model = nn.Linear(20, 4)
+    with unchanged(model), pytest.raises(PolicyError) as info:
+        amprewrite.transform(model, inputs)
+    message = str(info.value)
+    assert "looks like example inputs" in message and "example_inputs=(x,)" in message
+    assert "float32[20,20]" in message or "'x'" in message
+    assert "tensor(" not in message and "\n" not in message and len(message) < 400
+
+
 @pytest.mark.parametrize("inputs", [(X, X), ()], ids=["too-many", "none"])
 def test_example_inputs_wrong_arity(inputs):
     msg = _check(mlp(), CaptureError, r"example_inputs do not match Sequential.forward\(input\)",
@@ -392,6 +406,16 @@ def test_transforming_a_transformed_graph_is_idempotent(inputs):
     fp16 = amprewrite.transform(once, dtype=torch.float16, example_inputs=inputs)
     direct = amprewrite.transform(model, dtype=torch.float16, example_inputs=inputs)
     assert graph_signature(fp16) == graph_signature(direct)
+
+
+@pytest.mark.parametrize("inputs", [None, (X,)], ids=["symbolic", "dynamo"])
+def test_transforming_twice_gives_the_casts_the_same_names(inputs):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1), nn.Linear(4, 4), nn.LayerNorm(4))
+    once = amprewrite.transform(model, example_inputs=inputs)
+    twice = amprewrite.transform(once, example_inputs=inputs)
+    assert [n.name for n in twice.graph.nodes] == [n.name for n in once.graph.nodes]
+    assert twice.code == once.code and torch.equal(twice(X), once(X))
+    assert amprewrite.transform(twice, example_inputs=inputs).code == once.code
 
 
 def test_example_inputs_as_a_bare_tensor_or_list():

@@ -2,8 +2,11 @@
 
 import json
 import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +137,86 @@ def test_demo_out_writes_artefacts(tmp_path):
     done = run("demo", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "index.html").exists() and "relative error against fp32" in done.stdout
+
+
+# Issue 37, item 4: no tracebacks, no false lines ---------------------------------------------
+
+def test_dump_out_naming_a_file_fails_before_any_work(tmp_path):
+    taken = tmp_path / "report.html"
+    taken.write_text("mine")
+    done = run("dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out", str(taken))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.splitlines()  # no progress line: nothing was loaded or captured
+    assert line.startswith("amprewrite: error: --out ") and "is a file" in line
+    assert "give --out a folder" in line and taken.read_text() == "mine"
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    proc = subprocess.Popen([sys.executable, "-m", "amprewrite.cli", "families"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout.readline().startswith(b"# Op families")
+    proc.stdout.close()  # `amprewrite families | head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err
+
+
+def test_importing_the_cli_imports_no_torch():
+    """So Ctrl-C while torch loads reaches main(), and --help needs no model code."""
+    done = subprocess.run([sys.executable, "-c", "import sys, amprewrite, amprewrite.cli; "
+                           "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                           "('torch', 'sympy', 'networkx')))"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_ctrl_c_while_torch_loads_is_one_line_and_130():
+    proc = subprocess.Popen([sys.executable, "-m", "amprewrite.cli", "check", f"{MODELS}:demo"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while "libtorch" not in maps.read_text() and time.monotonic() < deadline:
+        time.sleep(0.002)  # until torch's libraries load: the import is under way
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == "amprewrite: interrupted\n"
+
+
+def test_version_and_a_subcommands_unknown_flag():
+    done = run("--version")
+    assert done.returncode == 0
+    assert re.fullmatch(r"amprewrite \S+ \(torch \S+, Python \S+\)\n", done.stdout)
+    done = run("check", f"{MODELS}:mlp", "--inputs", "4x16", "--rtl", "1")
+    assert done.returncode == 2
+    assert done.stderr == ("amprewrite check: error: unrecognized arguments: --rtl 1 "
+                           "(see 'amprewrite check --help')\n")
+
+
+def test_printed_commands_are_shell_quoted(tmp_path):
+    """A path with a space, pasted back into a shell, is still one argument."""
+    folder = tmp_path / "my models"
+    folder.mkdir()
+    target = f"{folder / 'cli_models.py'}:mlp"
+    (folder / "cli_models.py").write_text(MODELS.read_text())
+    out = tmp_path / "dump out"
+    done = run("dump", target, "--inputs", "4x16", "--out", str(out), "--format",
+               "html,model-explorer")
+    assert done.returncode == 0, done.stderr
+    explore, model_explorer = re.findall(r"`([^`]+)`", done.stdout.split("Model Explorer:")[1])
+    assert shlex.split(explore) == ["amprewrite", "explore", target, "--inputs", "4x16"]
+    assert shlex.split(model_explorer)[1] == str(out / "model-explorer" /
+                                                 "amprewrite_graphs.json")
+    opened = re.search(r"^open (.+) in a browser", done.stdout, re.M)[1]
+    assert shlex.split(opened) == [str(out / "index.html")]
+
+
+def test_the_command_runs_atexit_handlers_before_it_ends():
+    """main() ends the process itself (no interpreter teardown), after the atexit handlers."""
+    code = ("import atexit, sys; atexit.register(print, 'atexit ran'); "
+            "from amprewrite.cli import main; sys.argv = ['amprewrite', 'families']; main(); "
+            "print('not reached')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith("atexit ran") and "not reached" not in done.stdout

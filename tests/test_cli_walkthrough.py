@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -112,10 +113,26 @@ def test_transform_progress_shows_the_stage_on_stderr(capsys):
     model = nn.Sequential(nn.Linear(8, 8), nn.Softmax(-1))
     amprewrite.transform(model, example_inputs=(torch.randn(2, 8),), progress=True)
     shown = capsys.readouterr().err
-    assert "capturing the graph with dynamo" in shown and "amprewrite.transform" in shown
+    # Off a terminal (pytest's stderr): plain lines, one per stage, no terminal codes.
+    assert "\x1b" not in shown and "\r" not in shown
+    assert "amprewrite.transform: capturing the graph with dynamo\n" in shown
+    assert "amprewrite.transform: running the passes on " in shown
     # Not on a terminal and not asked for: silent, as before.
     amprewrite.transform(model, example_inputs=(torch.randn(2, 8),))
     assert capsys.readouterr().err == ""
+
+
+def test_a_long_step_off_a_terminal_says_it_is_still_running(capsys):
+    from amprewrite.progress import Steps, status
+
+    with Steps(2, log=True, show=False, heartbeat=0.2) as steps:
+        steps.step("transforming")
+        status("running the passes on 9000 nodes")
+        time.sleep(1.0)
+    err = capsys.readouterr().err
+    assert "amprewrite: [1/2] transforming\n" in err
+    assert re.search(r"^amprewrite: \[1/2\] transforming: running the passes on 9000 nodes "
+                     r"\(still running, \d+ s\)$", err, re.M), err
 
 
 def test_demo_and_check_fix_log_their_steps_off_a_terminal(capsys, tmp_path):
@@ -135,9 +152,21 @@ def test_svg_timeout_names_the_time_and_the_graph_size(capsys, tmp_path, monkeyp
         monkeypatch.setenv(name, value)
     code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path / "out",
                            "--format", "svg", "--render-timeout", "1")
-    assert code == 0
-    assert re.search(r"no before\.svg: dot timed out after 1 s on a graph of \d+ nodes", out), out
-    assert "not installed" not in out and "wrote 0 files" in out
+    assert code == 1  # nothing was written: not a success
+    assert re.search(r"no before\.svg: dot timed out after 1 s on a graph of \d+ nodes; "
+                     r"raise --render-timeout$", out, re.M), out
+    assert "not installed" not in out and out.startswith("wrote no files to ")
+    assert "index.html" not in out  # none was written, so none is offered
+
+
+def test_svg_without_dot_is_refused_before_any_work(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
+    code, out, err = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path / "out",
+                             "--format", "svg,text")
+    assert code == 2 and out == "" and not (tmp_path / "out").exists()
+    (line,) = err.splitlines()  # before loading the model: no progress line
+    assert "--format svg needs Graphviz's dot, which is not on PATH" in line
+    assert "(--format text)" in line
 
 
 def test_svg_dot_failure_shows_dot_stderr(capsys, tmp_path, monkeypatch):
@@ -273,6 +302,8 @@ def test_check_without_float_outputs_says_there_is_nothing_to_compare(capsys, ta
     code, out, _ = run_cli(capsys, "check", f"{targets}:argmax")
     assert code == 0
     assert "nothing to compare" in out and "check passed" not in out
+    # No output error of 0 and "finite: True" first: there is no float output to have one.
+    assert "output error" not in out and "finite" not in out
 
 
 # 7. Output a user can use --------------------------------------------------------------------
@@ -347,5 +378,5 @@ def test_cli_doc_lists_every_flag_of_every_command():
 
 def test_cli_doc_promises_hold():
     text = textwrap.dedent((ROOT / "docs" / "cli.md").read_text())
-    assert "exits with status 130" in text and "pointer to `--help`" in text
+    assert "exits with status 130" in text and "pointer to the command's `--help`" in text
     assert "svg only for graphs of up to" in text and str(cli.SVG_MAX_NODES) in text

@@ -133,12 +133,16 @@ def _fold_constant_casts(graph: onnx.GraphProto) -> None:
     to one type, becomes the cast constant."""
     constants = {n.output[0]: n for n in graph.node if n.op_type == "Constant"}
     inits = {i.name: i for i in graph.initializer}
-    graph_inputs = {i.name for i in graph.input}
+    infos = {v.name: v for v in graph.value_info if v.type.HasField("tensor_type")}
+    declared = {v.name: v.type.tensor_type.elem_type
+                for v in [*graph.value_info, *graph.input, *graph.output]
+                if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    kept = {i.name for i in graph.input} | {o.name for o in graph.output}
     users = _consumers(graph)
     renames: dict[str, str] = {}  # a removed weight cast's output -> the (now cast) weight
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
-        to = (_cast_target(node, graph, constants, inits)
+        to = (_cast_target(node, declared, constants, inits)
               if node.op_type in ("Cast", "CastLike") and node.input else None)
         if node.output[0] in renames:
             continue
@@ -154,13 +158,14 @@ def _fold_constant_casts(graph: onnx.GraphProto) -> None:
                 value=numpy_helper.from_array(cast, node.output[0])))
             continue
         readers = users[source]
-        if (source in inits and source not in graph_inputs
+        if (source in inits and source not in kept
                 and all(r.op_type in ("Cast", "CastLike") and r.input[0] == source
-                        and _cast_target(r, graph, constants, inits) == to for r in readers)):
+                        and _cast_target(r, declared, constants, inits) == to for r in readers)):
             init = inits[source]
             array = numpy_helper.to_array(init).astype(onnx.helper.tensor_dtype_to_np_dtype(to))
             init.CopyFrom(numpy_helper.from_array(array, source))
-            _set_declared_type(graph, source, to)
+            if source in infos:  # its declared type follows
+                infos[source].type.tensor_type.elem_type = to
             renames.update((r.output[0], source) for r in readers)
             continue
         nodes.append(node)
@@ -178,13 +183,7 @@ def _fold_constant_casts(graph: onnx.GraphProto) -> None:
     graph.node.extend(copies)
 
 
-def _set_declared_type(graph: onnx.GraphProto, name: str, elem_type: int) -> None:
-    for vi in graph.value_info:
-        if vi.name == name and vi.type.HasField("tensor_type"):
-            vi.type.tensor_type.elem_type = elem_type
-
-
-def _cast_target(node: onnx.NodeProto, graph: onnx.GraphProto,
+def _cast_target(node: onnx.NodeProto, declared: dict[str, int],
                  constants: dict[str, onnx.NodeProto],
                  inits: dict[str, onnx.TensorProto]) -> int | None:
     """The element type a Cast or CastLike node casts to, where the file says it."""
@@ -196,10 +195,7 @@ def _cast_target(node: onnx.NodeProto, graph: onnx.GraphProto,
     if like in constants:
         value = _attr(constants[like], "value")
         return value.data_type if isinstance(value, onnx.TensorProto) else None
-    for v in [*graph.value_info, *graph.input, *graph.output]:
-        if v.name == like and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-            return v.type.tensor_type.elem_type
-    return None
+    return declared.get(like)
 
 
 def _bypass_exact(graph: onnx.GraphProto, types: dict[str, int]) -> None:

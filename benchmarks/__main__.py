@@ -3,8 +3,9 @@
     python -m benchmarks all            # transform cost, runtime + numerics, upsample, loops,
                                         # plots, inference, capture time, generation, report page
                                         # open time (with Chromium), start and stop (import
-                                        # time, exit after the last line), real-model
-                                        # conformance matrix (docs/models.md)
+                                        # time, exit after the last line), fp16 overflow
+                                        # cases, real-model conformance matrix
+                                        # (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
     python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
     python -m benchmarks mutants        # flip each FP32/LOW family's class, run the precision
@@ -16,12 +17,15 @@
     python -m benchmarks deploy         # export, save, load, AOTInductor on six zoo models:
                                         # artefact vs GraphModule and vs fp32, compile time
                                         # (options: python -m benchmarks deploy --help)
+    python -m benchmarks overflow       # fp16 on models whose values pass 65504: errors, matmul
+                                        # FLOPs kept in fp16, what recording ranges costs
+                                        # (options: python -m benchmarks.overflow --help)
     python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
                                         # (its own venv: python -m benchmarks.modelopt_autocast
                                         # --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
-capture,generate,report_page,startup,conformance,mutants,memory,deploy,
+capture,generate,report_page,startup,conformance,mutants,memory,deploy,overflow,
 modelopt_autocast}
 --help.
 """
@@ -43,6 +47,7 @@ from . import (
     memory,
     modelopt_autocast,
     mutants,
+    overflow,
     plots,
     report_page,
     runtime,
@@ -76,6 +81,8 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("generation", generate.main,
          ["--variants", "autocast", "amprewrite-eager", "--tokens", "4"] if quick else []),
         ("start and stop", startup.main, ["--rounds", "2"] if quick else []),
+        ("overflow", overflow.main,
+         ["--cases", "t5_ff", "scores", "residual", "--repeats", "1"] if quick else []),
     ]
     if shutil.which("chromium") and not gpu:
         steps.append(("report page", report_page.main,
@@ -84,7 +91,7 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         steps.append(("conformance", conformance.main, []))
     if gpu:  # CPU-side costs, and CPU-only scripts
         steps = [s for s in steps if s[0] not in ("transform cost", "capture time", "generation",
-                                                  "start and stop")]
+                                                  "start and stop", "overflow")]
     for name, fn, argv in steps:
         start = time.perf_counter()
         print(f"== {name}: {' '.join(argv)}", flush=True)
@@ -102,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["modelopt"]:  # its own options and venv: benchmarks/modelopt_autocast.py
         modelopt_autocast.main(argv[1:])
         return 0
+    if argv[:1] == ["overflow"]:  # its own options (--cases, --repeats)
+        overflow.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("what", choices=["all", "gpu", "mutants", "memory", "deploy",
-                                         "modelopt"])
+                                         "modelopt", "overflow"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

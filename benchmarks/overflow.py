@@ -1,0 +1,102 @@
+"""fp16 on models whose fp32 values pass 65504 (amprewrite.testing.overflow), and what recording
+ranges costs.
+
+    python -m benchmarks.overflow                 # every case, writes docs/benchmarks/overflow.*
+    python -m benchmarks.overflow --cases t5_ff scores --repeats 3
+
+For each case, in fp16 with example inputs and no selector from the user:
+
+- ``fp32_max``: the largest finite magnitude of any fp32 value; ``by_op_type``: whether the plan
+  decided by op type alone (no example inputs, ranges unknown) returns finite outputs;
+- ``err``: the output error of the default plan (``overflow="fp32"``) against fp32 (relative L2,
+  the worst output), ``err_by_hand``: the same graph with the overflowing modules kept fp32 by
+  hand (``case.by_hand``), and their ratio; ``flops_low``: the share of matmul FLOPs in fp16;
+- the same for ``overflow="rescale"``;
+- ``ranges_ms`` / ``transform_ms``: record_ranges' time and the whole transform's (median of
+  ``--repeats`` transforms in one process, verification included), and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import warnings
+
+import torch
+
+import amprewrite
+from amprewrite.testing import overflow
+from amprewrite.testing.zoo import call
+from amprewrite.verify import float_leaves, rel_err
+
+from .common import save, table
+
+
+def _error(gm, case) -> float:
+    refs = float_leaves(call(case.model, case.inputs))
+    return max(rel_err(o, r) for o, r in zip(float_leaves(call(gm, case.inputs)), refs))
+
+
+def _finite(gm, case) -> bool:
+    return all(bool(torch.isfinite(o).all()) for o in float_leaves(call(gm, case.inputs)))
+
+
+def _fp32_max(gm) -> float:
+    """The largest finite magnitude of any fp32 value, as record_ranges saw it."""
+    return max((d.range.absmax for d in amprewrite.report(gm).decisions
+                if d.range is not None and d.precision != "param"), default=0.0)
+
+
+def measure(name: str, repeats: int) -> dict:
+    case = overflow.CASES[name]()
+    row: dict = {"case": name}
+    if name in ("t5_ff", "scores", "residual"):  # traceable without inputs: the op-type plan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            row["by_op_type"] = "finite" if _finite(
+                amprewrite.transform(case.model, "fp16"), case) else "inf/nan"
+    hand = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
+                                keep_fp32=case.by_hand, verify=False)
+    row["err_by_hand"] = _error(hand, case)
+    for mode in ("fp32", "rescale"):
+        totals, ranges = [], []
+        for _ in range(repeats):
+            gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
+                                      overflow=mode)
+            timings = amprewrite.report(gm).timings
+            totals.append(timings["total"])
+            ranges.append(timings.get("record_ranges", 0.0))
+        low, total = overflow.matmul_flops(gm)
+        key = "" if mode == "fp32" else "_rescale"
+        row[f"finite{key}"] = _finite(gm, case)
+        row[f"err{key}"] = _error(gm, case)
+        row[f"vs_hand{key}"] = row[f"err{key}"] / row["err_by_hand"] if row["err_by_hand"] else 1.0
+        row[f"flops_low{key}"] = low / total if total else 0.0
+        if mode == "fp32":
+            row["fp32_max"] = _fp32_max(gm)
+            row["transform_ms"] = statistics.median(totals) * 1e3
+            row["ranges_ms"] = statistics.median(ranges) * 1e3
+            row["ranges_share"] = row["ranges_ms"] / row["transform_ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.overflow", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", default=list(overflow.CASES),
+                        choices=list(overflow.CASES))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    rows = []
+    for name in args.cases:
+        rows.append(measure(name, args.repeats))
+        print(f"{name}: done", flush=True)
+    save("overflow", rows)
+    print(table(rows, ["case", "fp32_max", "by_op_type", "finite", "err", "err_by_hand",
+                       "vs_hand", "flops_low", "err_rescale", "vs_hand_rescale",
+                       "flops_low_rescale", "ranges_ms", "transform_ms", "ranges_share"]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -319,3 +319,45 @@ def test_cli_prints_selector_advice_as_flags():
     said = cli_wording("Transformed again with keep_fp32=['wi', 'my block.fc'], it passes")
     assert said == "Transformed again with --keep-fp32 wi --keep-fp32 'my block.fc', it passes"
     assert cli_wording("keep_fp32=[<module path>]") == "keep_fp32=[<module path>]"
+
+
+# --- constants the model makes ---------------------------------------------------------------
+class _LogProb(nn.Module):
+    """A Normal's log_prob with a small fixed scale: it divides by the scale's square, so a
+    scale rounded to fp16 (0.01 -> 0.010002) moves every output."""
+
+    def __init__(self, fill: float = 0.01, method: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.fill, self.method = nn.Linear(4096, 64), fill, method
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        scale = (h.new_full(h.shape, self.fill) if self.method
+                 else torch.full_like(h, self.fill))
+        return torch.distributions.Normal(h, scale, validate_args=False).log_prob(y)
+
+
+@pytest.mark.parametrize("method", [False, True])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_fill_the_low_dtype_cannot_hold_is_made_in_fp32(dtype, method):
+    model = _LogProb(method=method).eval()
+    x, y = torch.randn(8, 4096), torch.randn(8, 64)
+    ref = model.double()(x.double(), y.double())
+    model.float()
+    gm = amprewrite.transform(model, dtype, example_inputs=(x, y))
+    low = torch.float16 if dtype == "fp16" else torch.bfloat16
+    with torch.autocast("cpu", dtype=low):
+        autocast = model(x, y)
+    ours, theirs = rel_err(gm(x, y), ref), rel_err(autocast, ref)
+    assert ours <= 1.1 * theirs, (ours, theirs)  # measured 1.01x (fp16), 0.91x (bf16)
+    (fill,) = [d for d in amprewrite.report(gm).decisions if "fill value 0.01" in d.reason]
+    assert fill.storage == "torch.float32"
+
+
+def test_a_fill_the_low_dtype_holds_follows_its_input():
+    model = _LogProb(fill=0.5).eval()
+    gm = amprewrite.transform(model, "fp16", example_inputs=(torch.randn(8, 4096),
+                                                             torch.randn(8, 64)))
+    (fill,) = [d for d in amprewrite.report(gm).decisions if d.family == "factory"]
+    assert fill.storage == "torch.float16" and "fill value" not in fill.reason

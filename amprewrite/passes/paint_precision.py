@@ -524,6 +524,14 @@ class PaintPrecision(Pass):
                     fam.out is _CONVERT and is_conversion(node)
                     and conversion_target(node) == torch.float32):
                 natural = HIGH  # an upcast in the model: fp32 by nature (ops._convert)
+            elif cls == _P_PROMOTE and (fill := _inexact_fill(node, low)) is not None:
+                # full_like(h, 0.01): the model makes the constant in h's dtype, fp32 there;
+                # rounded to the low dtype (0.010002 in fp16) it moves every value computed
+                # from it (a Normal's log_prob divides by its square). Made in fp32, as the
+                # model makes it; a fill the low dtype holds exactly (0, 1, 0.5) follows h.
+                natural = HIGH
+                meta[M.REASON] = (f"{meta.get(M.REASON)}; fill value {fill!r} is not exact in "
+                                  f"{low}: made in fp32, as the model makes it")
             else:
                 inputs = [n.meta.get(M.NATURAL) for n in node.all_input_nodes if n in floats]
                 if not inputs:
@@ -533,6 +541,25 @@ class PaintPrecision(Pass):
                 else:
                     natural = HIGH if HIGH in inputs or None in inputs else LOW
             meta[M.NATURAL] = natural
+
+# Factories that make a tensor of their input's dtype filled with a number: (position, keyword).
+_FILLS = {"full_like": (1, "fill_value"), "new_full": (2, "fill_value")}
+
+
+def _inexact_fill(node: fx.Node, low: torch.dtype) -> float | None:
+    """The fill value of ``full_like(x, v)`` / ``x.new_full(size, v)`` with no ``dtype=``, when
+    the low dtype cannot hold it exactly; else None."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    where = _FILLS.get(name) if isinstance(name, str) else None
+    if where is None or node.kwargs.get("dtype") is not None:
+        return None
+    pos, key = where
+    fill = node.kwargs.get(key, node.args[pos] if len(node.args) > pos else None)
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)):
+        return None
+    exact = torch.tensor(fill, dtype=torch.float32)
+    return None if bool(exact.to(low).float() == exact) else fill
+
 
 def _note(gm: fx.GraphModule, text: str) -> None:
     rep = gm.meta.get(REPORT_KEY)

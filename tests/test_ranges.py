@@ -361,3 +361,8 @@ def test_a_fill_the_low_dtype_holds_follows_its_input():
                                                              torch.randn(8, 64)))
     (fill,) = [d for d in amprewrite.report(gm).decisions if d.family == "factory"]
     assert fill.storage == "torch.float16" and "fill value" not in fill.reason
+
+
+def test_overflow_option_is_checked():
+    with pytest.raises(amprewrite.PolicyError, match="overflow must be 'fp32'"):
+        amprewrite.transform(_Lin(), "fp16", overflow="clip")

@@ -28,7 +28,9 @@ from . import meta as M
 from .api import transform_graph
 from .capture import annotate_dynamo_graph
 from .errors import PolicyError
+from .modules import get_attr
 from .policy import Policy, check_selectors
+from .ranges import declared_fp32
 
 __all__ = ["amprewrite_backend", "backend"]
 
@@ -111,8 +113,33 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
     if policy.device is None:
         devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)
-    gm = transform_graph(gm, policy)
+    root = _compiled_module()  # None outside a dynamo frame, or for a plain function
+    declared = _declared(gm, example_inputs, root, policy.dtype) if root is not None else None
+    # The example inputs are the call's real tensors: their ranges are the values' facts.
+    gm = transform_graph(gm, policy, example_inputs=tuple(example_inputs), declared=declared)
     return _inner_backend(inner)(gm, example_inputs)
+
+
+def _declared(gm: fx.GraphModule, example_inputs: list, root: nn.Module, low: torch.dtype
+              ) -> dict[str, tuple[str, str]]:
+    """The graph's names (placeholder or get_attr targets) of the parameters ``root`` declares
+    fp32, found by identity: dynamo passes parameters as inputs, or reads them as attributes."""
+    names = declared_fp32(root, low)
+    if not names:
+        return {}
+    tensors = {**dict(root.named_parameters(remove_duplicate=False)),
+               **dict(root.named_buffers(remove_duplicate=False))}
+    by_id = {id(tensors[name]): (attr, name) for name, attr in names.items()}
+    out: dict[str, tuple[str, str]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        if id(value) in by_id:
+            out[str(node.target)] = by_id[id(value)]
+    for node in gm.graph.find_nodes(op="get_attr"):
+        value = get_attr(gm, str(node.target), None)
+        if id(value) in by_id:
+            out[str(node.target)] = by_id[id(value)]
+    return out
 
 
 def amprewrite_backend(gm: fx.GraphModule, example_inputs: list, options: Mapping | None = None,

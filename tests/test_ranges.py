@@ -366,3 +366,34 @@ def test_a_fill_the_low_dtype_holds_follows_its_input():
 def test_overflow_option_is_checked():
     with pytest.raises(amprewrite.PolicyError, match="overflow must be 'fp32'"):
         amprewrite.transform(_Lin(), "fp16", overflow="clip")
+
+
+# --- the torch.compile backend -----------------------------------------------------------------
+def _compiled(model, *inputs):
+    """Compile with the backend (eager inside); returns (output, transformed graphs)."""
+    gms = []
+
+    def record(gm, example_inputs):
+        gms.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner=record))(*inputs)
+    return out, gms
+
+
+def test_backend_reads_the_ranges_of_the_call_it_compiles_for():
+    case = overflow.scores()
+    out, (gm,) = _compiled(case.model, *case.inputs)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, case.model(*case.inputs)) < 2e-3  # transform's: 8.4e-4
+    assert any(d.reason.startswith("range: |") for d in amprewrite.report(gm).decisions)
+
+
+def test_backend_honours_the_models_declarations():
+    model = _Declares().eval()
+    _, (gm,) = _compiled(model, torch.randn(4, 8))
+    reasons = {d.reason for d in amprewrite.report(gm).decisions if d.family == "linear"}
+    assert "declared fp32 by the model (_keep_in_fp32_modules_strict): reads 'gate.weight'" in (
+        reasons)
+    assert any(r.startswith("declared fp32 by the model (_keep_in_fp32_modules)") for r in reasons)

@@ -82,18 +82,24 @@ PASSES: tuple[type[Pass], ...] = (
 
 
 def pipeline(policy: Policy, model: nn.Module | None = None,
-             example_inputs: object = None) -> list[Pass]:
+             example_inputs: object = None,
+             declared: dict[str, tuple[str, str]] | None = None) -> list[Pass]:
     """The passes of a transform, in the order they run, bound to ``policy``; ``model`` and
     ``example_inputs`` are what ranges are recorded on and the last step verifies the graph
-    against (none: no check), and ``model`` what declares parameters fp32."""
+    against (none: no check), and ``model`` what declares parameters fp32 (``declared``: the
+    graph's own names of declared parameters, by get_attr or placeholder target, each with
+    (attribute, parameter name), where the graph does not name them as the model does)."""
+    if declared is None and model is not None:
+        declared = {name: (attr, name)
+                    for name, attr in declared_fp32(model, policy.dtype).items()}
     passes = [cls(policy) for cls in PASSES]
     for p in passes:
         if isinstance(p, TransformBodies):
             p.run_inner = _run_inner
         elif isinstance(p, RecordRanges):
             p.example_inputs = example_inputs
-        elif isinstance(p, PaintPrecision) and model is not None:
-            p.declared = declared_fp32(model, policy.dtype)
+        elif isinstance(p, PaintPrecision):
+            p.declared = declared
         elif isinstance(p, VerifyOutput):
             p.model, p.example_inputs = model, example_inputs
     return passes

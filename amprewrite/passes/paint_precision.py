@@ -101,9 +101,10 @@ class PaintPrecision(Pass):
     name, kind = "paint_precision", Kind.ANALYSIS
     requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE, M.RANGE)
     writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED)
-    # Parameter and buffer names the model declares fp32, with the attribute that declares
-    # them (set by passes.pipeline from the model; ranges.declared_fp32).
-    declared: dict[str, str] | None = None
+    # Parameters and buffers the model declares fp32, by the target of the get_attr (or, in a
+    # torch.compile graph, placeholder) node that reads them: (declaring attribute, the
+    # parameter's name). Set by passes.pipeline (ranges.declared_fp32).
+    declared: dict[str, tuple[str, str]] | None = None
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
@@ -274,10 +275,12 @@ class PaintPrecision(Pass):
         fp16, a MoE router's gate in bf16 too)."""
         declared = self.declared or {}
         for node in gm.graph.nodes:
-            attr = declared.get(str(node.target)) if node.op == "get_attr" else None
-            if attr is None:
+            found = (declared.get(str(node.target)) if node.op in ("get_attr", "placeholder")
+                     else None)
+            if found is None:
                 continue
-            why = f"declared fp32 by the model ({attr}): reads '{node.target}'"
+            attr, name = found
+            why = f"declared fp32 by the model ({attr}): reads '{name}'"
             todo, seen = list(node.users), set()
             while todo:
                 user = todo.pop()

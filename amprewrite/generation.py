@@ -1,10 +1,12 @@
 """Text generation (Hugging Face ``generate()``) with amprewrite's precision plan.
 
-:func:`amprewrite.transform` returns a GraphModule, which has no ``generate()``, and a model that
-returns a KV cache object cannot be captured as one graph anyway. Generation goes through the
+:func:`amprewrite.transform` returns a GraphModule, which has no ``generate()``: its graph returns
+the model's KV cache (with ``use_cache=True``, the default) but is captured for one call's
+sizes, while ``generate()`` calls the model with a growing cache. Generation goes through the
 ``torch.compile`` backend instead: :func:`for_generation` returns a copy of the model whose
 ``forward`` is compiled with the ``"amprewrite"`` backend, so ``generate()``, its logits
-processors and its cache work as usual while every forward runs in the rewritten graph.
+processors and its cache work as usual while every forward runs in the rewritten graph. Causal
+LMs and encoder-decoder models work with their default config (GPT-2, LLaMA, T5, BART tested).
 
 It also sets the copy's default cache to a static one (``cache_implementation="static"``): the
 cache tensors then have a fixed size, so dynamo captures two graphs in all (the prompt, and one

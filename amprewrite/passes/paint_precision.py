@@ -288,9 +288,12 @@ class PaintPrecision(Pass):
                 if user in seen or cls in (None, _P_NONFLOAT) or user in self._writes:
                     continue
                 seen.add(user)
-                if cls == _P_NEUTRAL and (fam := self._family[user]) is not None \
-                        and fam.out is not _CONVERT:
-                    todo.extend(user.users)  # a view of the parameter: what reads it, too
+                if cls == _P_NEUTRAL and (fam := self._family[user]) is not None and (
+                        fam.out is not _CONVERT or (is_conversion(user)
+                                                    and conversion_target(user) == torch.float32)):
+                    # A view of the parameter, or the model's own .float() of it (a router's
+                    # F.linear(h.float(), self.weight.type(torch.float32))): what reads it, too.
+                    todo.extend(user.users)
                 self._take(user, why, strict=attr.endswith("_strict"))
 
     def _ranges(self, gm: fx.GraphModule, low: torch.dtype) -> None:

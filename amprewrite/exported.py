@@ -23,8 +23,11 @@ so the program gets the decisions the ``nn.Module`` gets.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import inspect
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -148,8 +151,24 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
         leaves.append(spec)
     if not dims:
         return None
-    args, kwargs = pytree.tree_unflatten(leaves, ep.call_spec.in_spec)
+    args, kwargs = _shapes_tree(ep.call_spec.in_spec, iter(leaves))
     return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+
+
+def _shapes_tree(spec: pytree.TreeSpec, leaves: Iterator[object]) -> object:
+    """The ``dynamic_shapes`` structure torch.export compares with inputs of structure ``spec``:
+    containers, dataclasses and namedtuples of the children's specs, and for any other node (a
+    transformers cache) the list of its children's, as torch.export flattens such a node one
+    level. (Unflattening the specs into a cache hands a cache where a list is expected.)"""
+    if spec.is_leaf():
+        return next(leaves)
+    if spec.type is type(None):
+        return None
+    children = [_shapes_tree(spec.child(i), leaves) for i in range(spec.num_children)]
+    if (spec.type in (tuple, list, dict, collections.OrderedDict, collections.defaultdict)
+            or dataclasses.is_dataclass(spec.type) or pytree.is_namedtuple_class(spec.type)):
+        return pytree.SUPPORTED_NODES[spec.type].unflatten_fn(children, spec.context)
+    return children
 
 
 def _finite(bound: object) -> int | None:

@@ -104,6 +104,24 @@ def test_transformers_llama_export_capture_matches_dynamo():
     assert any("dynamic sizes: input_ids[0]" in n for n in amprewrite.report(gm).notes)
 
 
+def test_export_capture_returns_the_cache_of_a_default_config_model():
+    """capture="export" of a GPT-2 with use_cache=True, its default: the graph returns the
+    DynamicCache the model returns, its tensors close to the model's (bf16)."""
+    tf = pytest.importorskip("transformers")
+    cfg = tf.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                        bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    gm = amprewrite.transform(model, "bf16", example_inputs=(ids,), capture="export")
+    assert amprewrite.report(gm).capture == "export"
+    with torch.no_grad():
+        got, want = gm(ids), model(ids)
+    assert type(got.cache) is tf.DynamicCache
+    pairs = list(zip(pytree.tree_leaves(got.cache), pytree.tree_leaves(want.cache)))
+    assert len(pairs) == 4 and all(rel_err(a, b) < 2e-2 for a, b in pairs)
+
+
 def test_params_low_with_export_capture_stores_low_weights_and_frees_the_fp32_model():
     pytest.importorskip("transformers")
     model, inputs = zoo.llama()

@@ -212,6 +212,34 @@ def test_transformers_dynamo_exporter_program_transforms_with_its_dynamic_shapes
     assert all(n.args[0].meta["val"].dtype == torch.bfloat16 for n in linears)
 
 
+def test_a_decode_step_program_taking_a_cache_transforms_with_static_sizes():
+    """A program exported on a decode step (the cache an input too): with its dynamic shapes
+    the capture meets torch's constraint solver, and the error says to fix the sizes; with
+    dynamic_shapes=None it transforms, and continues the cache as the model does."""
+    from transformers.exporters import DynamoConfig, DynamoExporter
+
+    model = _model("llama")
+    prompt = _ids(2, 8)
+
+    def step() -> dict:
+        with torch.no_grad():
+            cache = model(prompt).cache
+        return {"input_ids": _ids(2, 1, seed=5), "attention_mask": torch.ones(2, 9).long(),
+                "cache": cache}
+
+    ep = DynamoExporter().export(model, step(), DynamoConfig(dynamic=True)).program
+    with pytest.raises(amprewrite.CaptureError, match="dynamic_shapes=None"):
+        amprewrite.transform(ep, "bf16")
+    low = amprewrite.transform(ep, "bf16", dynamic_shapes=None)
+    with torch.no_grad():
+        got, want = low.module()(**step()), model(**step())
+    assert type(got.cache) is tf.DynamicCache
+    assert rel_err(got.logits, want.logits) <= TOL
+    for mine, theirs in zip(pytree.tree_leaves(got.cache), pytree.tree_leaves(want.cache),
+                            strict=True):
+        assert mine.shape == theirs.shape == (2, 2, 9, 16) and rel_err(mine, theirs) <= TOL
+
+
 # --- .pt2 files that load anywhere -----------------------------------------------------------
 
 _FRESH = """\

@@ -13,7 +13,8 @@ For each case, in fp16 with example inputs and no selector from the user:
   hand (``case.by_hand``), and their ratio; ``flops_low``: the share of matmul FLOPs in fp16;
 - the same for ``overflow="rescale"``;
 - ``ranges_ms`` / ``transform_ms``: record_ranges' time and the whole transform's (median of
-  ``--repeats`` transforms in one process, verification included), and their ratio.
+  ``--repeats`` transforms in one process, verification included), and their ratio; the same
+  on zoo models (``--zoo``), saved under ``cost``.
 """
 
 from __future__ import annotations
@@ -80,18 +81,39 @@ def measure(name: str, repeats: int) -> dict:
     return row
 
 
+def cost(name: str, repeats: int) -> dict:
+    """record_ranges' share of an fp16 transform with example inputs, on a zoo model."""
+    from amprewrite.testing import zoo
+
+    model, inputs = zoo.MODELS[name]()
+    totals, ranges = [], []
+    for _ in range(repeats):
+        gm = amprewrite.transform(model, "fp16", example_inputs=inputs)
+        timings = amprewrite.report(gm).timings
+        totals.append(timings["total"])
+        ranges.append(timings["record_ranges"])
+    total, rec = statistics.median(totals) * 1e3, statistics.median(ranges) * 1e3
+    return {"model": name, "nodes": len(gm.graph.nodes), "ranges_ms": rec,
+            "transform_ms": total, "ranges_share": rec / total}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overflow", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(overflow.CASES),
                         choices=list(overflow.CASES))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--zoo", nargs="*", default=["llama", "gpt2", "bert", "resnet", "unet2d"],
+                        help="zoo models whose transform time record_ranges is measured against")
     args = parser.parse_args(argv)
     rows = []
     for name in args.cases:
         rows.append(measure(name, args.repeats))
         print(f"{name}: done", flush=True)
-    save("overflow", rows)
+    costs = [cost(name, args.repeats) for name in args.zoo]
+    save("overflow", rows, {"cost": costs})
+    if costs:
+        print(table(costs, ["model", "nodes", "ranges_ms", "transform_ms", "ranges_share"]))
     print(table(rows, ["case", "fp32_max", "by_op_type", "finite", "err", "err_by_hand",
                        "vs_hand", "flops_low", "err_rescale", "vs_hand_rescale",
                        "flops_low_rescale", "ranges_ms", "transform_ms", "ranges_share"]))

@@ -115,9 +115,19 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)
     root = _compiled_module()  # None outside a dynamo frame, or for a plain function
     declared = _declared(gm, example_inputs, root, policy.dtype) if root is not None else None
-    # The example inputs are the call's real tensors: their ranges are the values' facts.
-    gm = transform_graph(gm, policy, example_inputs=tuple(example_inputs), declared=declared)
+    # The example inputs are the call's real tensors: their ranges are the values' facts. With
+    # symbolic sizes among them (dynamic shapes) the graph cannot run as it is: no ranges.
+    concrete = all((isinstance(v, (int, float, bool)) and not isinstance(v, torch.SymInt))
+                   or (isinstance(v, torch.Tensor) and not _fake(v)) for v in example_inputs)
+    gm = transform_graph(gm, policy, example_inputs=tuple(example_inputs) if concrete else None,
+                         declared=declared)
     return _inner_backend(inner)(gm, example_inputs)
+
+
+def _fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or t.is_meta
 
 
 def _declared(gm: fx.GraphModule, example_inputs: list, root: nn.Module, low: torch.dtype

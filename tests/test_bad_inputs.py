@@ -459,29 +459,6 @@ def test_data_dependent_branching_advises_the_backend_not_pytree():
     assert compiled(torch.randn(2, 8)).dtype == torch.float32  # the advice works
 
 
-def test_hf_default_use_cache_says_exactly_what_to_do():
-    """HF causal LMs return a DynamicCache by default (use_cache=True), which no graph can
-    return: the error says use_cache=False / for_generation, and the fix it gives works."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2)
-    assert cfg.use_cache
-    torch.manual_seed(0)
-    model, ids = LlamaForCausalLM(cfg).eval(), torch.randint(0, 128, (2, 8))
-    with pytest.raises(amprewrite.CaptureError) as err:
-        amprewrite.transform(model, torch.bfloat16, example_inputs=(ids,))
-    msg = str(err.value)
-    assert "DynamicCache" in msg and "use_cache=False" in msg and "for_generation" in msg
-    assert "register_pytree_node" not in msg
-    gm = amprewrite.transform(model, torch.bfloat16,
-                              example_inputs={"input_ids": ids, "use_cache": False})
-    with torch.no_grad():
-        out = gm(input_ids=ids, use_cache=False).logits
-        ref = model(input_ids=ids, use_cache=False).logits
-    assert rel_err(out, ref) < 2e-2
-
-
 class _IndexAssign(nn.Module):
     def forward(self, x):
         x[0] = 1.0  # a Proxy assignment under symbolic tracing

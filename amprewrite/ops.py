@@ -1457,9 +1457,17 @@ def write_of(node: fx.Node, name: str | None = None) -> Write | None:
     if name in _WRITES:
         write = _WRITES[name]
         return None if write is Write.NONE else write
-    if name.endswith("_") and not name.endswith("__") and not name.startswith("_"):
+    if (name.endswith("_") and not name.endswith("__") and not name.startswith("_")
+            and not _python_operator(node)):
         return Write.DATA
     return Write.DATA if inplace_flag(node) else None
+
+
+def _python_operator(node: fx.Node) -> bool:
+    """``operator.and_`` / ``or_`` / ``not_``: Python's ``&``, ``|`` and ``not``, whose names
+    end in ``_`` only because ``and`` is a keyword (``&=`` is ``operator.iand``)."""
+    return node.op == "call_function" and getattr(node.target, "__module__", None) in (
+        "_operator", "operator")
 
 
 def writes_in_place(node: fx.Node) -> bool:

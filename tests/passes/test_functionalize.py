@@ -541,3 +541,24 @@ def _assert_only_private_or_copy_back_writes(gm) -> None:
             private = base.target == "clone" and list(base.users) == [node]
             copy_back = node.target == "copy_" and base.op == "placeholder"
             assert private or copy_back, node.format_node()
+
+
+class _MaskAndReuse(nn.Module):
+    """``mask & cond`` and ``mask | cond`` are Python's ``operator.and_`` / ``or_``: out of
+    place, so ``mask`` keeps its value for the next reader (Dots3Note's attention mask)."""
+
+    def forward(self, x):
+        mask = torch.ones(x.shape, dtype=torch.bool).tril()
+        first = mask & (x > 0)
+        second = mask | (x > 1)
+        return x.masked_fill(~first, 0.0) + x.masked_fill(~mask, 0.0) * x.masked_fill(~second, 1)
+
+
+@pytest.mark.parametrize("with_inputs", [False, True])
+def test_python_and_or_are_not_in_place(with_inputs):
+    x = torch.randn(4, 4)
+    options = {"example_inputs": (x,)} if with_inputs else {}
+    gm = amprewrite.transform(_MaskAndReuse(), torch.bfloat16, verify=False, **options)
+    assert torch.equal(gm(x), _MaskAndReuse()(x))  # booleans and selections: exact
+    assert not [n for n in gm.graph.nodes if n.target in (operator.and_, operator.or_)
+                and writes_in_place(n)]

@@ -15,7 +15,7 @@ the zoo's models (random weights, their example inputs): the largest activation 
 or writes is below 100, so the headroom changes none of their graphs.
 
 >>> range_limit(torch.float16)
-4094.0
+4094
 >>> r = tensor_range(torch.tensor([1e-6, 2e-6, 1.0, 0.0]), torch.float16)
 >>> r.absmax, round(r.tiny_share, 3)
 (1.0, 0.667)
@@ -64,7 +64,7 @@ class ValueRange:
         return f"|x| <= {self.absmax:.3g}{tiny}"
 
 
-def range_limit(low: torch.dtype) -> float:
+def range_limit(low: torch.dtype) -> int:
     """The largest magnitude a value may reach to be computed and stored in ``low``."""
     return math.floor(torch.finfo(low).max / HEADROOM)
 

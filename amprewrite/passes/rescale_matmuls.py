@@ -23,20 +23,14 @@ import math
 import operator
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
 from .. import meta as M
-from ..ops import Precision
+from ..ops import FAMILIES, Precision
 from ..ranges import TINY_SHARE, ValueRange, describe_limit, range_limit
 from .base import Kind, Match, Replacement, Rule, RulePass
 
 __all__ = ["RescaleMatmuls"]
-
-_LINEAR = (F.linear, torch._C._nn.linear)
-_ADDMM = (torch.addmm,)
-_MATMUL = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
-
 
 def _range(value: object) -> ValueRange | None:
     return value.meta.get(M.RANGE) if isinstance(value, fx.Node) else None
@@ -50,55 +44,75 @@ def _scaled(m: Match, value: fx.Node, s: float) -> fx.Node:
     return node
 
 
-def _rescale(m: Match) -> Replacement | None:
-    policy = m.policy
-    if policy is None or policy.overflow != "rescale":
-        return None
-    low = policy.dtype
-    if torch.finfo(low).max >= torch.finfo(torch.float32).max / 2:
-        return None  # bfloat16 has fp32's range: nothing to rescale
+def _operands(m: Match) -> tuple[dict, str, str, str | None] | None:
+    """The call's arguments by name, and which of them are the data, the weight and the bias:
+    ``linear(input, weight, bias)``, ``addmm(input=bias, mat1, mat2)`` (beta = alpha = 1),
+    ``matmul(input, other)`` / ``mm``, ``bmm(input, mat2)``; None for other matmul spellings."""
     node, args = m.node, m.args
     if node.target is operator.matmul and len(node.args) == 2 and not node.kwargs:
-        args = {"input": node.args[0], "other": node.args[1]}  # a builtin: no signature
-    out = _range(node)
-    if args is None or out is None or M.info(node).dtype != torch.float32:
+        return {"input": node.args[0], "other": node.args[1]}, "input", "other", None
+    if args is None:
         return None
-    if node.target in _LINEAR:
-        names = ("input", "weight", "bias")
-    elif node.target in _ADDMM:
-        if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
+    keys = set(args)
+    if keys == {"input", "weight", "bias"}:
+        return args, "input", "weight", "bias"
+    if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
+        if args["beta"] != 1 or args["alpha"] != 1:
             return None
-        names = ("mat1", "mat2", "input")
-    else:
-        names = ("input", "other" if "other" in args else "mat2", None)
-    data, weight = args.get(names[0]), args.get(names[1])
-    bias = args.get(names[2]) if names[2] else None
+        return args, "mat1", "mat2", "input"
+    if keys in ({"input", "other"}, {"input", "mat2"}):
+        return args, "input", ("other" if "other" in keys else "mat2"), None
+    return None
+
+
+def _rescale(m: Match) -> Replacement | None:
+    low = m.policy.dtype
+    node = m.node
+    out = _range(node)
+    found = _operands(m)
+    if found is None or out is None or M.info(node).dtype != torch.float32:
+        return None
+    args, data_key, weight_key, bias_key = found
+    data, weight = args[data_key], args[weight_key]
+    bias = args.get(bias_key) if bias_key else None
     rd, rw = _range(data), _range(weight)
     if rd is None or rw is None or not isinstance(weight, fx.Node) or weight.op != "get_attr":
         return None  # only a parameter is scaled: an activation could fall into subnormals
+    if bias is not None and _range(bias) is None:
+        return None
     limit = range_limit(low)
     if (rd.absmax > limit or rw.absmax > torch.finfo(low).max or rw.tiny_share > TINY_SHARE
             or not math.isfinite(out.absmax) or out.absmax <= limit):
         return None  # only the result past the range; inputs fp16 holds (else: fp32)
     k = math.ceil(math.log2(out.absmax / limit))
     s = 2.0 ** -k
-    new_args = {**args, names[1]: _scaled(m, weight, s)}
+    new_args = {**args, weight_key: _scaled(m, weight, s)}
     if bias is not None:
-        new_args[names[2]] = _scaled(m, bias, s)
-    order = (names[2], *names[:2]) if node.target in _ADDMM else tuple(n for n in names if n)
-    inner = m.build.call(node.target, *(new_args.get(n) for n in order), value=M.info(node))
+        new_args[bias_key] = _scaled(m, bias, s)
+    if m.args is None:  # operator.matmul: positional
+        inner = m.build.call(node.target, new_args["input"], new_args["other"],
+                             value=M.info(node))
+    else:
+        inner = m.build.call(node.target, value=M.info(node), **new_args)
     inner.meta[M.RANGE] = ValueRange(out.absmax * s, out.tiny_share, out.batches)
     back = m.build.call(operator.mul, inner, 2.0 ** k, value=M.info(node))
     back.meta[M.RANGE] = out
     why = (f"range: |{node.name}| up to {out.absmax:.3g} > {describe_limit(low)}; "
-           f"overflow='rescale': the product runs low on {names[1]} * 2^-{k} and is scaled "
+           f"overflow='rescale': the product runs low on {weight_key} * 2^-{k} and is scaled "
            f"back by 2^{k} in fp32 (exact)")
     back.meta[M.FORCE] = (Precision.FP32, why)
-    return Replacement(back, f"{node.name}: {names[1]} * 2^-{k}, result * 2^{k} in fp32", why)
+    return Replacement(back, f"{node.name}: {weight_key} * 2^-{k}, result * 2^{k} in fp32", why)
 
 
 class RescaleMatmuls(RulePass):
     name, kind = "rescale_matmuls", Kind.REWRITE
     requires = (M.ORIG, M.RANGE)
     writes = (M.ORIG, M.RANGE, M.FORCE)
-    rules = (Rule((*_LINEAR, *_ADDMM, *_MATMUL), _rescale),)
+    rules = (Rule((*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions), _rescale),)
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        policy = self.policy
+        if policy is None or policy.overflow != "rescale" or (
+                torch.finfo(policy.dtype).max >= torch.finfo(torch.float32).max / 2):
+            return False  # the default, or bfloat16 (fp32's range: nothing to rescale)
+        return super().run(gm)

@@ -28,6 +28,7 @@ from torch import fx, nn
 
 from .. import meta as M
 from ..ops import FAMILIES, Precision
+from ..passes.base import arguments
 
 __all__ = ["CASES", "OverflowCase", "matmul_flops", "overflowing_modules"]
 
@@ -210,9 +211,12 @@ def matmul_flops(gm: fx.GraphModule) -> tuple[float, float]:
         if fam is None or fam.precision != Precision.LOW or M.CAST in node.meta:
             continue
         out = M.info(node)
-        # The operand whose last dimension is reduced: addmm's first is the bias.
-        at = 1 if getattr(node.target, "__name__", "") in ("addmm", "baddbmm", "addbmm") else 0
-        first = node.args[at] if len(node.args) > at else None
+        # The operand whose last dimension is reduced, by parameter name: addmm's input is
+        # the bias (mat1 is reduced), a linear's or a matmul's input is.
+        args = arguments(gm, node) or {}
+        first = args.get("mat1", args.get("batch1", args.get("input")))
+        if first is None and node.args:
+            first = node.args[0]  # a builtin without a signature: operator.matmul
         shape = M.info(first).shape if isinstance(first, fx.Node) else None
         if out.numel is None or not shape:
             continue

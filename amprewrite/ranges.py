@@ -75,25 +75,35 @@ def describe_limit(low: torch.dtype) -> str:
     return f"{name} max {torch.finfo(low).max:.6g} / headroom {HEADROOM:g}"
 
 
-def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0) -> ValueRange:
-    """The :class:`ValueRange` of one float tensor (its values, not its dtype's)."""
+def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0,
+                 sample: int | None = None) -> ValueRange:
+    """The :class:`ValueRange` of one float tensor (its values, not its dtype's).
+
+    The largest magnitude is exact (one pass, ``aminmax``); with ``sample``, the subnormal
+    share is estimated from at most that many evenly spaced values (within about 0.5% at
+    65,536: what a report shows, at a fraction of the passes over a large activation)."""
     with torch.no_grad():
-        a = t.detach().abs()
-        if a.numel() == 0:
+        flat = t.detach().reshape(-1)
+        if flat.numel() == 0:
             return ValueRange(0.0, 0.0, batches)
-        # Over the finite values: an inf or NaN the fp32 model itself makes (a -inf mask) is
-        # the same in any dtype, and says nothing about the other values' range. So is a value
-        # at fp32's own end (a torch.finfo(torch.float32).min mask): it stands for infinity,
-        # and becomes the infinity it stands for in a narrower dtype.
-        finite = torch.isfinite(a) & (a < _SENTINEL)
-        if not bool(finite.all()):
-            a = a[finite]
-        absmax = float(a.amax()) if a.numel() else 0.0
+        lo, hi = torch.aminmax(flat)
+        absmax = max(-float(lo), float(hi))
+        if not absmax < _SENTINEL:  # inf, NaN or a sentinel among the values: leave them out
+            # Over the finite values: an inf or NaN the fp32 model itself makes (a -inf mask)
+            # is the same in any dtype, and says nothing about the other values' range. So is
+            # a value at fp32's own end (a torch.finfo(torch.float32).min mask): it stands for
+            # infinity, and becomes the infinity it stands for in a narrower dtype.
+            a = flat.abs()
+            a = a[torch.isfinite(a) & (a < _SENTINEL)]
+            absmax = float(a.amax()) if a.numel() else 0.0
         tiny_share = 0.0
         if low == torch.float16:
+            if sample is not None and flat.numel() > sample:
+                flat = flat[::flat.numel() // sample]
+            a = flat.abs()
             nonzero = int(torch.count_nonzero(a))
             if nonzero:
-                tiny = int(torch.count_nonzero((a > 0) & (a < torch.finfo(low).tiny)))
+                tiny = int(torch.count_nonzero(a < torch.finfo(low).tiny)) - (a.numel() - nonzero)
                 tiny_share = tiny / nonzero
     return ValueRange(absmax, tiny_share, batches)
 

@@ -28,6 +28,11 @@ from .base import Kind, Pass
 __all__ = ["RecordRanges", "record_ranges"]
 
 
+# Values an activation's fp16-subnormal share is estimated from (a report figure; the plan reads
+# the shares of parameters, measured whole).
+_SAMPLE = 65536
+
+
 class _RangeRecorder(fx.Interpreter):
     """Runs a graph and keeps, per node, the range of each float tensor it produces."""
 
@@ -39,7 +44,8 @@ class _RangeRecorder(fx.Interpreter):
         out = super().run_node(n)
         if (n.op != "get_attr" and isinstance(out, torch.Tensor) and out.is_floating_point()
                 and not out.is_meta):
-            self.ranges[n] = merge(self.ranges.get(n), tensor_range(out, self.low, 1))
+            self.ranges[n] = merge(self.ranges.get(n),
+                                   tensor_range(out, self.low, 1, sample=_SAMPLE))
         return out
 
 

@@ -169,6 +169,9 @@ def _load(args: argparse.Namespace, need_inputs: bool) -> _Target:
     where = f"the example inputs {args.target}() returns"
     flags: list[str] = []
     if args.inputs:
+        if inputs is not None:  # said, not silent: the factory's own inputs are set aside
+            print(f"note: --inputs replaces the example inputs {args.target}() returns "
+                  f"({_describe(inputs)})", file=sys.stderr)
         inputs = tuple(parse_input(s, seed=i) for i, s in enumerate(args.inputs))
         where, flags = f"--inputs {' '.join(args.inputs)}", ["--inputs", *args.inputs]
     if need_inputs and inputs is None:

@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -357,10 +358,46 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
             "the ONNX file is written as torch.onnx.export wrote it: making it lean failed "
             "(%s: %s); please report the model", type(exc).__name__, _first_line(exc))
         return [path, data] if external and data.exists() else [path]
+    _name_onnx_io(model, ep, args, kwargs)
     if external:
         data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
     onnx.save(model, os.fspath(path), save_as_external_data=external, location=data.name)
     return [path, data] if external and data.exists() else [path]
+
+
+def _name_onnx_io(model, ep, args: tuple, kwargs: dict) -> None:
+    """Name the file's outputs after the model's (``logits``, ``past_key_values.0.1``; the
+    export names them after graph nodes: ``layer_norm_4``) and its batch dimension ``batch``
+    (the export's symbol: ``s72``), so a runtime's user reads them as the model's."""
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    graph = model.graph
+    with torch.no_grad():
+        out = ep.module()(*args, **kwargs)
+    paths = [keystr(p) for p, _ in tree_flatten_with_path(out)[0]]
+    if len(paths) == len(graph.output):
+        taken = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+        renames = {}
+        for k, (o, path) in enumerate(zip(graph.output, paths)):
+            name = re.sub(r"[^\w.]+", ".", path).strip(".") or f"output_{k}"
+            if name not in taken and name not in renames.values():
+                renames[o.name] = name
+        for node in graph.node:
+            node.output[:] = [renames.get(n, n) for n in node.output]
+            node.input[:] = [renames.get(n, n) for n in node.input]
+        for o in graph.output:
+            o.name = renames.get(o.name, o.name)
+    # The symbol of dimension 0 of the inputs (one, when the batch is dynamic) is "batch".
+    symbols = {i.type.tensor_type.shape.dim[0].dim_param for i in graph.input
+               if i.type.HasField("tensor_type") and i.type.tensor_type.shape.dim
+               and i.type.tensor_type.shape.dim[0].dim_param}
+    if len(symbols) == 1:
+        (symbol,) = symbols
+        for value in (*graph.input, *graph.output, *graph.value_info):
+            if value.type.HasField("tensor_type"):
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.dim_param == symbol:
+                        dim.dim_param = "batch"
 
 
 _WRITERS: dict[str, Callable[..., list[Path]]] = {
@@ -441,6 +478,15 @@ _LOADERS: dict[str, Callable[[Path], Callable[..., object]]] = {
 
 def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict,
            path: Path, other_batches: int = 1) -> None:
+    artefact = _check_runs(result, model, ep, args, kwargs, path, other_batches)
+    if artefact is not None:
+        _probe_batch_one(result, artefact, model, ep, args, kwargs)
+
+
+def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict,
+                path: Path, other_batches: int = 1) -> Callable[..., object] | None:
+    """Load the artefact and run it at the example's and other batch sizes; returns it
+    (None when it does not load)."""
     status("loading the artefact back", log=True)
     try:
         with _quiet():
@@ -448,7 +494,7 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
     except Exception as exc:
         result.problems.append(f"{path} fails to load with {_LOADER[result.to]}: "
                                f"{type(exc).__name__}: {_first_line(exc)}")
-        return
+        return None
     if result.to == "pt2":
         status("loading the program in a new process that imports only torch", log=True)
         alone = loads_alone(path)
@@ -517,6 +563,39 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
                 f"at batch {batch} the artefact departs from the GraphModule by "
                 f"{row.graph_error:.3g} relative (allowed: {SAME_AS_GRAPH:g}); please report "
                 "the model")
+    return artefact
+
+
+def _probe_batch_one(result: DeployResult, artefact: Callable[..., object], model: nn.Module,
+                     ep, args: tuple, kwargs: dict) -> None:
+    """torch.export records 2 as the low end of a dynamic size (it specialises 0 and 1), yet
+    the program may run at 1. Run it there: the range says [1, ...] only where batch 1 ran and
+    was as close to fp32 as the check asks; otherwise a note says why it starts at 2."""
+    if result.batch_range is None or result.batch_range[0] != 2 or result.problems:
+        return
+    batched = _batched_leaves(ep, args, kwargs)
+    if not batched:
+        return
+    a, k = _resized(args, kwargs, batched, 1)
+    status("running the artefact at batch 1")
+    try:
+        with torch.no_grad(), _quiet():
+            outs = _floats(artefact(*a, **k))
+            refs = _floats(model(*a, **k))
+    except Exception as exc:
+        result.notes.append(f"batch 1 does not run ({type(exc).__name__}: {_first_line(exc)}): "
+                            "the batch starts at 2, as torch.export records a dynamic size")
+        return
+    autos = _autocast(model, a, k, result.dtype)
+    error = _worst(outs, refs)
+    bound = verify_bound(math.inf if autos is None else _worst(autos, refs), result.dtype)
+    if error <= bound:
+        result.batch_range = (1, result.batch_range[1])
+        result.notes.append(f"batch 1 ran too (error against fp32 {error:.3g}): torch.export "
+                            "records a dynamic size from 2, the program takes 1 as well")
+    else:
+        result.notes.append(f"at batch 1 the error against fp32 is {error:.3g}, above the "
+                            f"{bound:.3g} the check accepts: use batch sizes from 2")
 
 
 def _runs(result: DeployResult, ep, args: tuple, kwargs: dict, other_batches: int = 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import amprewrite
 from amprewrite import PolicyError, cli, deploy
@@ -86,13 +87,15 @@ def test_pt2_saves_loads_and_runs_at_another_batch_size(models, tmp_path):
     out = tmp_path / "net.pt2"
     done = run("export", f"{models}:net", "--to", "pt2", "--out", out)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "batch dynamic in [2, inf]" in done.stdout and "check passed" in done.stdout
+    # torch.export records the dynamic batch from 2; the check ran batch 1 too, so it says 1.
+    assert "batch dynamic in [1, inf]" in done.stdout and "check passed" in done.stdout
+    assert "batch 1 ran too" in done.stdout
     assert "Traceback" not in done.stderr
     # The file, in this process: the GraphModule transformed here from the same weights.
     model, (x,) = load_target(f"{models}:net")
     gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
     loaded = torch.export.load(out).module()
-    for n in (2, 9):
+    for n in (1, 2, 9):
         xb = torch.randn(n, 3, 8, 8)
         with torch.no_grad():
             got, want, ref = loaded(xb), gm(xb), model(xb)
@@ -324,3 +327,36 @@ def test_the_cli_offers_every_format():
     (sub,) = [a for a in parser._actions if a.dest == "command"]
     (to,) = [a for a in sub.choices["export"]._actions if a.dest == "to"]
     assert tuple(to.choices) == deploy.FORMATS
+
+
+
+class _TwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.head = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        hidden = torch.relu(self.fc(x))
+        return {"logits": self.head(hidden), "hidden": hidden}
+
+
+def test_onnx_outputs_and_batch_are_named_as_the_model_names_them(tmp_path):
+    import onnx
+
+    path = tmp_path / "two.onnx"
+    result = deploy.export(_TwoOutputs().eval(), (torch.randn(4, 16),), path=path, to="onnx",
+                           dtype="fp16")
+    assert result.passed, result.summary()
+    graph = onnx.load(path).graph
+    assert [o.name for o in graph.output] == ["logits", "hidden"]
+    for value in (*graph.input, *graph.output):
+        assert value.type.tensor_type.shape.dim[0].dim_param == "batch", value
+
+
+def test_inputs_flag_says_it_replaces_the_factorys_inputs(models, tmp_path):
+    done = run("export", f"{models}:net", "--inputs", "2x3x8x8", "--to", "pt2", "--out",
+               tmp_path / "net.pt2", "--no-check")
+    assert done.returncode == 0, done.stderr
+    assert "note: --inputs replaces the example inputs" in done.stderr
+    assert "float32[4,3,8,8]" in done.stderr  # what the factory's were

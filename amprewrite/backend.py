@@ -7,7 +7,8 @@
     compiled = torch.compile(model, backend=amprewrite.backend(dtype=torch.float16, inner="eager"))
 
 The backend is found without importing amprewrite (the ``torch_dynamo_backends`` entry point)
-and is also registered on import. Dynamo hands it a graph whose parameters are graph inputs:
+and is also registered on ``import amprewrite`` (``amprewrite/__init__.py``, without importing
+torch or this module). Dynamo hands it a graph whose parameters are graph inputs:
 they are cast in the graph, never copied, so the optimizer keeps training the fp32 weights.
 Precision lives in the graph, not in autocast's thread-local state, so the compiled model
 behaves the same in any thread (``nn.DataParallel``) or process (DDP).
@@ -16,9 +17,6 @@ behaves the same in any thread (``nn.DataParallel``) or process (DDP).
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping
 
 import torch
@@ -180,43 +178,3 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
         return _compile(gm, example_inputs, settings, inner)
 
     return compile_with_amprewrite
-
-
-_REGISTRY = "torch._dynamo.backends.registry"
-
-
-def _register(registry: object) -> None:
-    # Not where torch knows the entry point (it registers what that loads), nor twice
-    # (amprewrite/__init__.py may have registered its lazy wrapper; _BACKENDS is None then too).
-    if (registry._BACKENDS.get("amprewrite") is None  # type: ignore[attr-defined]
-            and "amprewrite" not in registry._COMPILER_FNS):  # type: ignore[attr-defined]
-        registry.register_backend(compiler_fn=amprewrite_backend,  # type: ignore[attr-defined]
-                                  name="amprewrite")
-
-
-class _RegisterOnImport(importlib.abc.MetaPathFinder):
-    """Registers the backend when torch dynamo's backend registry is first imported (by
-    ``torch.compile``), so ``import amprewrite`` does not import dynamo (about 0.8 s). An
-    installed amprewrite is also found through its ``torch_dynamo_backends`` entry point."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _REGISTRY:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            _register(module)
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-if _REGISTRY in sys.modules:
-    _register(sys.modules[_REGISTRY])
-elif not any(isinstance(f, _RegisterOnImport) for f in sys.meta_path):
-    sys.meta_path.insert(0, _RegisterOnImport())

@@ -241,8 +241,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         ...     y = program(torch.randn(5, 8))
         >>> result.passed, [(row.batch, row.equal) for row in result.rows]
         (True, [(4, True), (7, True)])
-        >>> y.dtype, result.batch_range
-        (torch.float32, (2, inf))
+        >>> y.dtype, result.batch_range  # from 1: the check ran batch 1 too
+        (torch.float32, (1, inf))
     """
     dtype = preflight(to, dtype, check, path)
     path = Path(path)

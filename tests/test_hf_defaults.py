@@ -214,8 +214,8 @@ def test_transformers_dynamo_exporter_program_transforms_with_its_dynamic_shapes
 
 def test_a_decode_step_program_taking_a_cache_transforms_with_static_sizes():
     """A program exported on a decode step (the cache an input too): with its dynamic shapes
-    the capture meets torch's constraint solver, and the error says to fix the sizes; with
-    dynamic_shapes=None it transforms, and continues the cache as the model does."""
+    the capture may meet torch's constraint solver (2.13), and the error says to fix the sizes;
+    with dynamic_shapes=None it transforms, and continues the cache as the model does."""
     from transformers.exporters import DynamoConfig, DynamoExporter
 
     model = _model("llama")
@@ -228,8 +228,12 @@ def test_a_decode_step_program_taking_a_cache_transforms_with_static_sizes():
                 "cache": cache}
 
     ep = DynamoExporter().export(model, step(), DynamoConfig(dynamic=True)).program
-    with pytest.raises(amprewrite.CaptureError, match="dynamic_shapes=None"):
+    # torch 2.13's constraint solver refuses the program's own dynamic shapes (the error says
+    # to fix them); torch 2.14's accepts them. Either way, no silent failure.
+    try:
         amprewrite.transform(ep, "bf16")
+    except amprewrite.CaptureError as exc:
+        assert "dynamic_shapes=None" in str(exc), exc
     low = amprewrite.transform(ep, "bf16", dynamic_shapes=None)
     with torch.no_grad():
         got, want = low.module()(**step()), model(**step())

@@ -7,7 +7,9 @@
                                         # cases, real-model conformance matrix
                                         # (docs/models.md)
     python -m benchmarks all --quick    # smaller sizes and fewer repeats (a smoke run)
-    python -m benchmarks gpu            # the same on CUDA, bf16 and fp16, larger shapes
+    python -m benchmarks gpu            # CUDA: runtime, memory peak, kernel probe, CUDA tests,
+                                        # planned to fit --budget (420 s), JSON after each row
+                                        # (options: python -m benchmarks gpu --help)
     python -m benchmarks mutants        # flip each FP32/LOW family's class, run the precision
                                         # tests, report which flips no test catches
                                         # (options: python -m benchmarks mutants --help)
@@ -42,6 +44,7 @@ from . import (
     conformance,
     deploy,
     generate,
+    gpu_budget,
     inference,
     loops,
     memory,
@@ -57,7 +60,7 @@ from . import (
 )
 
 
-def _all(quick: bool, device: str | None, gpu: bool) -> None:
+def _all(quick: bool, device: str | None) -> None:
     try:  # the plots step comes after half an hour of measuring: fail before it, not there
         import matplotlib  # noqa: F401
     except ImportError:
@@ -67,15 +70,13 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("transform cost", transform_cost.main,
          ["--blocks", "3", "10", "40", "--dynamo-blocks", "3"] if quick else []),
         ("runtime and numerics", runtime.main,
-         (["--repeats", "3", "--models", "cnn"] if quick else ["--repeats", "20"])
-         + dev + (["--dtypes", "bf16", "fp16", "--big"] if gpu else [])),
+         (["--repeats", "3", "--models", "cnn"] if quick else ["--repeats", "20"]) + dev),
         ("upsample", upsample.main, (["--repeats", "3"] if quick else []) + dev),
         ("loops", loops.main,
          (["--repeats", "5", "--batches", "64"] if quick else ["--repeats", "300"]) + dev),
         ("plots", plots.main, []),
         ("inference", inference.main,
-         (["--repeats", "3", "--cases", "llama 1-token b1"] if quick else [])
-         + (["--modes", "eager", "compiled", "--big"] if gpu else []) + dev),
+         (["--repeats", "3", "--cases", "llama 1-token b1"] if quick else []) + dev),
         ("capture time", capture.main,
          ["--models", "llama", "resnet", "--rounds", "1"] if quick else []),
         ("generation", generate.main,
@@ -84,14 +85,11 @@ def _all(quick: bool, device: str | None, gpu: bool) -> None:
         ("overflow", overflow.main,
          ["--cases", "t5_ff", "scores", "residual", "--repeats", "1"] if quick else []),
     ]
-    if shutil.which("chromium") and not gpu:
+    if shutil.which("chromium"):
         steps.append(("report page", report_page.main,
                       ["--layers", "2", "--rounds", "1"] if quick else []))
-    if not quick and not gpu:  # the whole matrix or none: docs/models.md lists every model
+    if not quick:  # the whole matrix or none: docs/models.md lists every model
         steps.append(("conformance", conformance.main, []))
-    if gpu:  # CPU-side costs, and CPU-only scripts
-        steps = [s for s in steps if s[0] not in ("transform cost", "capture time", "generation",
-                                                  "start and stop", "overflow")]
     for name, fn, argv in steps:
         start = time.perf_counter()
         print(f"== {name}: {' '.join(argv)}", flush=True)
@@ -109,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["modelopt"]:  # its own options and venv: benchmarks/modelopt_autocast.py
         modelopt_autocast.main(argv[1:])
         return 0
+    if argv[:1] == ["gpu"]:  # its own options (--budget, --device, --tiny, --rows, ...)
+        return gpu_budget.main(argv[1:])
     if argv[:1] == ["overflow"]:  # its own options (--cases, --repeats)
         overflow.main(argv[1:])
         return 0
@@ -116,20 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         deploy.main(argv[1:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("what", choices=["all", "gpu", "mutants", "memory", "deploy",
+    parser.add_argument("what", choices=["all", "mutants", "memory", "deploy",
                                          "modelopt", "overflow"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)
-    if args.what == "gpu":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("python -m benchmarks gpu needs a CUDA device", file=sys.stderr)
-            return 2
-        _all(args.quick, "cuda", gpu=True)
-    else:
-        _all(args.quick, args.device, gpu=False)
+    _all(args.quick, args.device)
     return 0
 
 

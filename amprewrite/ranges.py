@@ -10,9 +10,9 @@ once per batch to find them; :func:`tensor_range` reads a parameter's directly. 
 
 fp16 stops at 65504. A value seen at ``|x| = 4,000`` on a handful of example inputs can pass
 that on other inputs, and a weight trained on keeps growing, so the limit keeps a headroom of
-:data:`HEADROOM` (16x, 4 bits of exponent) below the dtype's largest finite number. Measured on
-the zoo's models (random weights, their example inputs): the largest activation any LOW op reads
-or writes is below 100, so the headroom changes none of their graphs.
+:data:`HEADROOM` (16x, 4 bits of exponent) below the dtype's largest finite number. On the zoo
+models with their example inputs no value a LOW op reads or writes passes it
+(tests/test_ranges.py).
 
 >>> range_limit(torch.float16)
 4094
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 __all__ = ["HEADROOM", "TINY_SHARE", "ValueRange", "declared_fp32", "describe_limit", "merge",
-           "range_limit", "tensor_range"]
+           "narrower_than_fp32", "range_limit", "short_name", "tensor_range"]
 
 HEADROOM = 16.0
 """How far below the low dtype's largest finite number a value must stay to be computed low."""
@@ -59,9 +59,15 @@ class ValueRange:
     tiny_share: float = 0.0
     batches: int = 0
 
-    def __str__(self) -> str:
-        tiny = f", {self.tiny_share:.0%} subnormal" if self.tiny_share >= 0.005 else ""
-        return f"|x| <= {self.absmax:.3g}{tiny}"
+
+def narrower_than_fp32(low: torch.dtype) -> bool:
+    """Can a value fp32 holds pass ``low``'s range? fp16: yes; bfloat16 (fp32's exponent): no,
+    so ranges decide nothing there.
+
+    >>> narrower_than_fp32(torch.float16), narrower_than_fp32(torch.bfloat16)
+    (True, False)
+    """
+    return torch.finfo(low).max < torch.finfo(torch.float32).max / 2
 
 
 def range_limit(low: torch.dtype) -> int:
@@ -69,10 +75,14 @@ def range_limit(low: torch.dtype) -> int:
     return math.floor(torch.finfo(low).max / HEADROOM)
 
 
+def short_name(low: torch.dtype) -> str:
+    """``"fp16"`` / ``"bf16"``, as reasons name the dtype."""
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
+
+
 def describe_limit(low: torch.dtype) -> str:
     """``"fp16 max 65504 / headroom 16"``: how :func:`range_limit` was made, for reasons."""
-    name = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
-    return f"{name} max {torch.finfo(low).max:.6g} / headroom {HEADROOM:g}"
+    return f"{short_name(low)} max {torch.finfo(low).max:.6g} / headroom {HEADROOM:g}"
 
 
 def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0,

@@ -54,7 +54,7 @@ from ..ops import (
     writes_in_place,
 )
 from ..policy import Selector
-from ..ranges import TINY_SHARE, describe_limit, range_limit
+from ..ranges import TINY_SHARE, describe_limit, narrower_than_fp32, range_limit, short_name
 from ..report import REPORT_KEY
 from .base import Kind, Pass
 
@@ -299,10 +299,10 @@ class PaintPrecision(Pass):
     def _ranges(self, gm: fx.GraphModule, low: torch.dtype) -> None:
         """Values past the low dtype's range (with headroom) are computed and stored in FP32,
         and so are LOW ops reading one, or reading a weight stored mostly subnormal."""
-        if torch.finfo(low).max >= torch.finfo(torch.float32).max / 2:
+        if not narrower_than_fp32(low):
             return  # bfloat16: fp32's exponent range, nothing a range can rule out
         limit = range_limit(low)
-        short = {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(low, str(low))
+        short = short_name(low)
         extra = len(self.policy.calibration)
         where = "the example inputs" + (
             f" and {extra} calibration batch{'es' * (extra > 1)}" if extra else "")

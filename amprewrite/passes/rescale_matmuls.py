@@ -10,11 +10,12 @@ Rewrite to, with ``s = 2**-k`` the smallest power of two that brings the result 
 
 Multiplying by a power of two is exact in fp32, so the graph computes what the model does; the
 matmul runs low on values that fit, so its FLOPs stay in fp16, and its result carries fp16's
-rounding (the default, ``overflow="fp32"``, computes it in fp32: more accurate, slower; measured
-in docs/benchmarks.md, "Overflow"). The scale-back is forced FP32 (``meta[FORCE]``): its result,
-the large value, is stored fp32. Only a parameter is scaled (one far from fp16's subnormals):
-scaling an activation down would push its small values into them. A matmul that reads a value
-past the range, or a weight fp16 cannot hold, stays fp32 (paint_precision).
+rounding (the default, ``overflow="fp32"``, computes it in fp32: more accurate, slower;
+measured in docs/benchmarks.md, "fp16 overflow"). The scale-back is forced FP32
+(``meta[FORCE]``): its result, the large value, is stored fp32. Only a parameter is scaled (one
+far from fp16's subnormals): scaling an activation down would push its small values into them.
+A matmul that reads a value past the range, or a weight fp16 cannot hold, stays fp32
+(paint_precision).
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from torch import fx
 
 from .. import meta as M
 from ..ops import FAMILIES, Precision
-from ..ranges import TINY_SHARE, ValueRange, describe_limit, range_limit
+from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
 from .base import Kind, Match, Replacement, Rule, RulePass
 
 __all__ = ["RescaleMatmuls"]
+
 
 def _range(value: object) -> ValueRange | None:
     return value.meta.get(M.RANGE) if isinstance(value, fx.Node) else None
@@ -112,7 +114,6 @@ class RescaleMatmuls(RulePass):
 
     def run(self, gm: fx.GraphModule) -> bool:
         policy = self.policy
-        if policy is None or policy.overflow != "rescale" or (
-                torch.finfo(policy.dtype).max >= torch.finfo(torch.float32).max / 2):
+        if policy is None or policy.overflow != "rescale" or not narrower_than_fp32(policy.dtype):
             return False  # the default, or bfloat16 (fp32's range: nothing to rescale)
         return super().run(gm)

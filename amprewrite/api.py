@@ -221,9 +221,6 @@ def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Polic
             continue
         found = True
         break
-    text = str(exc)
-    cut = text.find(" Keep that part in fp32 (")
-    head = text if cut < 0 else text[:cut]
     if found:
         advice = (f" Transformed again with keep_fp32={added!r}, it passes this check: pass "
                   "that (it keeps those modules in fp32), and please report the model if they "
@@ -233,7 +230,7 @@ def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Polic
                   "transforming again made it pass (tried: "
                   f"{added!r}); keep a larger module in fp32 (keep_fp32=[<module path>]), "
                   "or verify=False to skip this check.")
-    return VerificationError(head + advice, result=exc.result, first=exc.first,
+    return VerificationError(exc.finding, advice, result=exc.result, first=exc.first,
                              keep_fp32=added if found else None)
 
 

@@ -46,15 +46,16 @@ class ShapeError(AmpRewriteError, ValueError):
 class VerificationError(AmpRewriteError, RuntimeError):
     """The transformed graph's output is far from fp32's, beyond what autocast's is.
 
+    ``finding``: what the check found, without the advice that follows it in the message;
     ``keep_fp32``: the selectors the message advises, found by transforming again with them
     until the check passed (``None`` when no such set was found); ``result``: the per-node
     comparison (a :class:`amprewrite.CheckResult`); ``first``: the graph node it blames.
     """
 
-    def __init__(self, message: str, *, result: object = None, first: object = None,
-                 keep_fp32: list[str] | None = None):
-        super().__init__(message)
-        self.result, self.first, self.keep_fp32 = result, first, keep_fp32
+    def __init__(self, finding: str, advice: str = "", *, result: object = None,
+                 first: object = None, keep_fp32: list[str] | None = None):
+        super().__init__(finding + advice)
+        self.finding, self.result, self.first, self.keep_fp32 = finding, result, first, keep_fp32
 
 
 class NotVerifiedWarning(UserWarning):

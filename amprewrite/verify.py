@@ -30,7 +30,7 @@ from .modules import buffer_clone_copy, get_attr
 from .ops import MASK_DRAWS, Precision
 
 __all__ = ["CheckResult", "NodeError", "compare", "culprit_node", "float_leaves", "rel_err",
-           "selector_for", "verify_bound", "verify_graph"]
+           "replayed", "selector_for", "verify_bound", "verify_graph"]
 
 
 @dataclass(frozen=True)
@@ -199,7 +199,7 @@ class _Replay:
 
 
 @contextlib.contextmanager
-def _replay(*modules: nn.Module) -> Iterator[_Replay]:
+def replayed(*modules: nn.Module) -> Iterator[_Replay]:
     """A :class:`_Replay` over ``modules``; on exit the generators are back where they were, so
     verifying consumes none of the caller's random numbers."""
     replay = _Replay(*modules)
@@ -250,7 +250,7 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
     inputs = example_inputs
     policy = gm.meta.get(M.POLICY_KEY)  # capture the reference as gm was captured: same names
     ref_gm = capture(model, inputs, method=getattr(policy, "capture", "dynamo")).gm
-    with _replay(model, ref_gm, gm) as run:
+    with replayed(model, ref_gm, gm) as run:
         reference: dict[str, torch.Tensor] = run(_record, ref_gm, inputs)
         values: dict[str, torch.Tensor] = run(_record, gm, inputs)
         outs = float_leaves(run(_call, gm, inputs))
@@ -306,7 +306,7 @@ def verify_graph(model: nn.Module, gm: fx.GraphModule, example_inputs: object,
     """
     device = next((t.device.type for t in [*model.parameters(), *model.buffers()]), "cpu")
     copy = buffer_clone_copy(model)
-    with _replay(model, copy, gm) as run:
+    with replayed(model, copy, gm) as run:
         refs = float_leaves(run(_call, copy, example_inputs))
 
         def under_autocast(inputs: object) -> object:
@@ -345,8 +345,8 @@ def verify_graph(model: nn.Module, gm: fx.GraphModule, example_inputs: object,
     keep = f"keep_fp32=[{sel!r}]" if sel is not None else "keep_fp32=[<module path>]"
     raise VerificationError(
         f"the transformed graph's output error against fp32 is {ours:.3g} on the example "
-        f"inputs, where torch.autocast's is {theirs:.3g} (accepted: up to {bound:.3g}).{where} "
-        f"Keep that part in fp32 ({keep}, or amprewrite.find_fp32_nodes finds a list), and "
+        f"inputs, where torch.autocast's is {theirs:.3g} (accepted: up to {bound:.3g}).{where}",
+        f" Keep that part in fp32 ({keep}, or amprewrite.find_fp32_nodes finds a list), and "
         "please report the model if the node is not one you chose to run low; "
         "verify=False skips this check.", result=result, first=first
     )

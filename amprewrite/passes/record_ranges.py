@@ -22,7 +22,7 @@ from ..errors import ModelError
 from ..modules import get_attr
 from ..ranges import ValueRange, merge, tensor_range
 from ..report import REPORT_KEY
-from ..verify import _replay
+from ..verify import replayed
 from .base import Kind, Pass
 
 __all__ = ["RecordRanges", "record_ranges"]
@@ -61,7 +61,7 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
         args, kwargs = split_inputs(inputs)
         _RangeRecorder(gm, low, ranges).run(*signature.bind(*args, **kwargs).args)
 
-    with _replay(gm) as replay:
+    with replayed(gm) as replay:
         for k, inputs in enumerate(batches):
             if k == 0:  # the example inputs the graph was captured on: a failure is a bug
                 replay(run, inputs)

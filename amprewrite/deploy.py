@@ -358,22 +358,22 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
             "the ONNX file is written as torch.onnx.export wrote it: making it lean failed "
             "(%s: %s); please report the model", type(exc).__name__, _first_line(exc))
         return [path, data] if external and data.exists() else [path]
-    _name_onnx_io(model, ep, args, kwargs)
+    _name_onnx_io(model, ep)
     if external:
         data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
     onnx.save(model, os.fspath(path), save_as_external_data=external, location=data.name)
     return [path, data] if external and data.exists() else [path]
 
 
-def _name_onnx_io(model, ep, args: tuple, kwargs: dict) -> None:
+def _name_onnx_io(model, ep) -> None:
     """Name the file's outputs after the model's (``logits``, ``past_key_values.0.1``; the
     export names them after graph nodes: ``layer_norm_4``) and its batch dimension ``batch``
     (the export's symbol: ``s72``), so a runtime's user reads them as the model's."""
     from torch.utils._pytree import keystr, tree_flatten_with_path
 
     graph = model.graph
-    with torch.no_grad():
-        out = ep.module()(*args, **kwargs)
+    spec = ep.call_spec.out_spec  # the outputs' structure, without running the program
+    out = pytree.tree_unflatten([0] * spec.num_leaves, spec)
     paths = [keystr(p) for p, _ in tree_flatten_with_path(out)[0]]
     if len(paths) == len(graph.output):
         taken = {i.name for i in graph.input} | {t.name for t in graph.initializer}

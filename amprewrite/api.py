@@ -36,6 +36,7 @@ def transform(
     example_inputs: object = None,
     calibration: Iterable[object] = (),
     overflow: str = "fp32",
+    fp8: object = None,
     keep_fp32: Iterable[Selector] = (),
     allow_low: Iterable[Selector] = (),
     params: str = "fp32",
@@ -71,6 +72,13 @@ def transform(
             accurate; ``"rescale"`` runs a linear or matmul whose result passes it in fp16 on
             its weight scaled by a power of two and scales the result back in fp32 (exact):
             its FLOPs stay in fp16, its result carries fp16's rounding.
+        fp8: with ``dtype=torch.bfloat16`` and ``example_inputs``, run in float8 the linears
+            that pay on a GPU (a cost model) and whose float8 error on the example inputs stays
+            near e4m3's ordinary error (a check per layer); the rest follows the bf16 plan.
+            ``True`` (torchao's ``"tensorwise"`` recipe), a recipe name (``"rowwise"``,
+            ``"rowwise_with_gw_hp"``) or :class:`amprewrite.Float8` (bound, cost model,
+            include / exclude selectors). Each linear's verdict is in the report. Needs
+            torchao. See docs/guide.md, "float8".
         keep_fp32: module paths (``"encoder.layer.0"``), module types (``nn.LayerNorm``), op
             family names (``"softmax"``) or graph nodes (``"node:matmul_1"``, names as in the
             report; what :func:`amprewrite.find_fp32_nodes` returns) to compute in fp32.
@@ -132,7 +140,12 @@ def transform(
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
                     on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
-                    capture=capture, calibration=calibration, overflow=overflow)
+                    capture=capture, calibration=calibration, overflow=overflow, fp8=fp8)
+    if policy.fp8 is not None and example_inputs is None:
+        raise PolicyError(
+            "fp8 chooses each float8 linear by its size on the inputs and checks its numerics "
+            "on them, so it needs example_inputs=(...) (or calibration=[...]); without inputs "
+            "there is nothing to measure. Pass example inputs, or drop fp8.")
     with transform_progress(progress):
         return transform_with(model, policy, example_inputs)
 

@@ -19,6 +19,7 @@ MODULE_PATH     capture (copied by copy_provenance)    reports, keep_fp32 / allo
 MODULE_TYPES    capture (copied by copy_provenance)    keep_fp32 / allow_low by module type
 FORCE           transform_bodies, replace_upsample     paint_precision
 RANGE           record_ranges                          paint_precision, reports
+FLOAT8          float8_linears                         reports (each candidate linear's verdict)
 FAMILY          paint_precision                        plan, insert_casts, reports
 CLASS           paint_precision, insert_casts          plan, insert_casts, reports
 REASON          paint_precision, insert_casts          reports
@@ -74,6 +75,7 @@ LABEL = "amp_label"  # Label or None: the dtype the value physically has after c
 CAST = "amp_cast"  # set on cast nodes amprewrite inserted: the target dtype
 FORCE = "amp_force"  # (Precision, reason) a rewrite pass decided for this node
 RANGE = "amp_range"  # ranges.ValueRange: the fp32 value's range on the example inputs
+FLOAT8 = "amp_float8"  # str: a candidate linear's float8 verdict and reason (float8_linears)
 REPORT_KEY = "amprewrite_report"  # gm.meta: the transform's Report
 POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transformed with
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
@@ -84,7 +86,8 @@ MIXED = "amp_mixed"
 # Where a node came from: what every node a pass makes inherits from the node it replaces.
 PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
 # What passes decide: dropped when a transformed graph is transformed again.
-PASS_WRITTEN = (FORCE, RANGE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED)
+PASS_WRITTEN = (FORCE, RANGE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED,
+                FLOAT8)
 
 
 class Label(str, enum.Enum):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from torch import nn
 
 from .dtypes import low_dtype
 from .errors import PolicyError
+from .float8 import parse_fp8
 
 __all__ = ["CAPTURES", "Policy", "calibration_batches", "check_selectors", "parse_dtype"]
 
@@ -141,6 +143,8 @@ class Policy:
     # More input batches whose value ranges the plan reads besides the example inputs'
     # (transform(calibration=...)); data, not options: not compared, hashed or shown.
     calibration: tuple = field(default=(), hash=False, compare=False, repr=False)
+    # bf16 only: the linears that pay and stay accurate run in float8 (amprewrite.float8).
+    fp8: object = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -202,6 +206,16 @@ class Policy:
             )
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")
+        fp8 = parse_fp8(self.fp8)
+        if fp8 is not None:
+            fp8 = dataclasses.replace(fp8, include=_selectors("fp8 include", fp8.include),
+                                      exclude=_selectors("fp8 exclude", fp8.exclude))
+        object.__setattr__(self, "fp8", fp8)
+        if self.fp8 is not None and self.dtype != torch.bfloat16:
+            raise PolicyError(
+                f"fp8 runs the chosen linears in float8 and everything else in bfloat16; with "
+                f"dtype={self.dtype} it has no plan to follow. Use dtype=torch.bfloat16 with "
+                "fp8=..., or drop fp8.")
         if not isinstance(self.keep_io_dtype, bool):
             raise PolicyError(f"keep_io_dtype must be True or False, got {self.keep_io_dtype!r}.")
 

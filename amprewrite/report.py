@@ -45,6 +45,9 @@ class Decision:
     storage: str | None = None
     # The fp32 value's range on the example inputs (a parameter's: its own), when recorded.
     range: ValueRange | None = None
+    # With fp8=: a candidate linear's float8 verdict and why ("fp8 (tensorwise): ..." or
+    # "bf16: ..."); None for every other node. A chosen one computes in float8_e4m3fn.
+    fp8: str | None = None
 
 
 @dataclass
@@ -105,6 +108,11 @@ class Report:
             lines.append("rewrites:")
             lines += [f"  [{r.pass_name}] {r.node} ({r.module_path or '-'}): {r.action}"
                       f" — {r.reason}" for r in other]
+        fp8 = [d for d in self.decisions if d.fp8]
+        if fp8:
+            chosen = sum(d.fp8.startswith("fp8") for d in fp8)
+            lines.append(f"float8: {chosen} of {len(fp8)} linears")
+            lines += [f"  {d.node} ({d.module_path or '-'}): {d.fp8}" for d in fp8]
         lines.append("precision decisions:")
         lines.append(self.table())
         return "\n".join(lines)
@@ -182,10 +190,13 @@ def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
         # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
         dtype = (str(torch.float32) if storage and getattr(cls, "value", None) == "fp32"
                  else storage)
+        fp8 = node.meta.get(M.FLOAT8)
+        if fp8 is not None and fp8.startswith("fp8"):
+            dtype = str(torch.float8_e4m3fn)
         target = node.target if isinstance(node.target, str) else getattr(
             node.target, "__name__", str(node.target))
         out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
                             node.meta.get(M.FAMILY), precision, dtype,
                             node.meta.get(M.REASON, ""), M.source_line(node), storage,
-                            node.meta.get(M.RANGE)))
+                            node.meta.get(M.RANGE), fp8))
     return out

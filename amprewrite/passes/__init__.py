@@ -23,6 +23,7 @@ from ..policy import Policy
 from ..progress import detail
 from ..ranges import declared_fp32
 from .base import CAPTURED, Kind, Pass
+from .float8_linears import Float8Linears
 from .freeze_dtype_reads import FreezeDtypeReads
 from .functionalize import Functionalize
 from .infer_dtypes import InferDtypes
@@ -73,6 +74,10 @@ PASSES: tuple[type[Pass], ...] = (
     InsertCasts,
     # It replaces weight casts that insert_casts made with stored low copies.
     StoreParams,
+    # With fp8=: after the casts and stored weights are final (it runs the bf16 graph to check
+    # each candidate on the inputs it will really read, and takes the weight from before its
+    # bf16 cast); before recompute_islands, which outlines what surrounds the matmuls.
+    Float8Linears,
     # In train mode, after every cast is in place: fp32 pointwise regions that read low values
     # are outlined and recomputed in backward (the same values, fewer bytes kept).
     RecomputeIslands,
@@ -96,7 +101,7 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
     for p in passes:
         if isinstance(p, TransformBodies):
             p.run_inner = _run_inner
-        elif isinstance(p, RecordRanges):
+        elif isinstance(p, (RecordRanges, Float8Linears)):
             p.example_inputs = example_inputs
         elif isinstance(p, PaintPrecision):
             p.declared = declared

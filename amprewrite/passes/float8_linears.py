@@ -1,0 +1,191 @@
+"""float8_linears: with ``fp8=``, the bf16 linears that pay and stay accurate run in float8.
+
+Matches (after the casts are placed, in a bf16 plan):
+    ``y = linear(x_bf16, w.to(bf16), b.to(bf16))`` a LOW linear whose weight is a parameter
+    (a get_attr, or a graph input in the torch.compile backend), K and N divisible by 16
+Rewrite to:
+    ``y = float8.linear(x_bf16, w, b.to(bf16), recipe)`` (torchao's Float8Linear forward and
+    backward on the fp32 master weight; the weight's bf16 cast goes when nothing else reads it);
+    in eval mode ``float8.linear_inference``, the same forward in plain ops (it exports)
+
+Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
+``include``/``exclude`` selectors first, then the cost model (:func:`amprewrite.float8.speedup`
+on the example inputs' rows), then the numerics check: the graph runs once on the example
+inputs and each candidate's float8 error on its own inputs is compared with its bf16 error
+(:func:`amprewrite.float8.errors`; DESIGN.md, "float8"). Without example inputs (the backend
+under dynamic shapes, a checkpointed region's body) nothing is measured and every linear stays
+bf16, saying so.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import fx
+
+from .. import float8 as f8
+from .. import meta as M
+from ..capture import split_inputs
+from ..ops import FAMILIES, Precision
+from ..report import record
+from ..verify import replayed
+from .base import Kind, Pass, arguments
+from .paint_precision import matches
+
+__all__ = ["Float8Linears"]
+
+
+def _source(value: object) -> object:
+    """The value an inserted cast converts (a weight's fp32 parameter), else ``value``."""
+    if isinstance(value, fx.Node) and M.CAST in value.meta and value.args:
+        return value.args[0]
+    return value
+
+
+class _Candidate:
+    def __init__(self, node: fx.Node, x: fx.Node, w: fx.Node, b: object, m: int, k: int, n: int):
+        self.node, self.x, self.w, self.b = node, x, w, b
+        self.m, self.k, self.n = m, k, n
+        self.errors: tuple[float, float] | None = None
+        self.pays = 0.0  # the cost model's speedup
+
+
+class _ErrorRecorder(fx.Interpreter):
+    """Runs the graph and, at each candidate, measures its bf16 and float8 errors on the values
+    it reads (the bf16 plan's input, the weight's source)."""
+
+    def __init__(self, gm: fx.GraphModule, found: dict[fx.Node, _Candidate], recipe: str,
+                 low: torch.dtype):
+        super().__init__(gm)
+        self.found, self.recipe, self.low = found, recipe, low
+
+        self.weights = {c.w for c in found.values()}
+        self.kept: dict[fx.Node, torch.Tensor] = {}  # the weights: the interpreter frees them
+
+    def run_node(self, n: fx.Node) -> object:
+        out = super().run_node(n)
+        if n in self.weights:
+            self.kept[n] = out
+        c = self.found.get(n)
+        if c is not None:
+            x, b = self.fetch_args_kwargs_from_env(n)[0][0], None
+            if isinstance(c.b, fx.Node):
+                b = self.fetch_args_kwargs_from_env(n)[0][2]
+            c.errors = f8.errors(x, self.kept[c.w], b, self.recipe, self.low)
+        return out
+
+
+class Float8Linears(Pass):
+    name, kind = "float8_linears", Kind.REWRITE
+    requires = (M.CLASS, M.FAMILY, M.CAST)
+    writes = (M.ORIG, M.FLOAT8, M.CLASS, M.FAMILY, M.REASON, M.LABEL, M.NATURAL)
+    example_inputs: object = None  # set by passes.pipeline(...)
+
+    @property
+    def needs_code(self) -> bool:
+        return self.policy is not None and self.policy.fp8 is not None and (
+            self.example_inputs is not None)
+
+    def run(self, gm: fx.GraphModule) -> bool:
+        spec = self.policy.fp8 if self.policy is not None else None
+        if spec is None:
+            return False
+        candidates, verdicts = self._candidates(gm, spec)
+        checked = [c for c in candidates if verdicts[c.node] is None]
+        if checked and self.example_inputs is not None:
+            self._measure(gm, {c.node: c for c in checked}, spec.recipe)
+        changed = False
+        f8.configs(spec.recipe)  # made here, outside any torch.compile (see float8._CONFIGS)
+        for c in candidates:
+            verdict = verdicts[c.node] or self._judge(c, spec)
+            c.node.meta[M.FLOAT8] = verdict
+            if verdict.startswith("fp8"):
+                self._rewrite(gm, c, spec.recipe, verdict)
+                changed = True
+        return changed
+
+    def _candidates(self, gm: fx.GraphModule, spec: f8.Float8):
+        linear = set(FAMILIES["linear"].functions)
+        training = gm.training
+        out, verdicts = [], {}
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function" or node.target not in linear:
+                continue
+            if node.meta.get(M.CLASS) != Precision.LOW:
+                continue
+            args = arguments(gm, node)
+            if args is None or set(args) != {"input", "weight", "bias"}:
+                continue
+            x, w, b = args["input"], _source(args["weight"]), args["bias"]
+            if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)
+                    and w.op in ("get_attr", "placeholder")):
+                continue
+            xi, wi = M.info(x), M.info(w)
+            if not (xi.shape and wi.shape and len(wi.shape) == 2 and None not in wi.shape
+                    and xi.numel):
+                continue
+            n, k = wi.shape
+            c = _Candidate(node, x, w, b, xi.numel // max(k, 1), k, n)
+            out.append(c)
+            size = f"{k}x{n} on {c.m} rows"
+            if any(matches(node, s) for s in spec.exclude):
+                verdicts[node] = f"bf16: {size}, excluded by fp8 exclude"
+            elif any(matches(node, s) for s in spec.include):
+                verdicts[node] = f"fp8 ({spec.recipe}): {size}, included by fp8 include"
+            elif k % 16 or n % 16:
+                verdicts[node] = (f"bf16: {size}, float8 GEMMs need K and N divisible by 16")
+            else:
+                pays = f8.speedup(c.m, k, n, training, spec.target,
+                                  weight_bytes=(wi.dtype or torch.float32).itemsize)
+                if pays < spec.min_speedup:
+                    verdicts[node] = (f"bf16: {size}, too small to pay (cost model: "
+                                      f"{pays:.2g}x bf16's speed on {spec.target}, needs "
+                                      f"{spec.min_speedup:g}x)")
+                elif self.example_inputs is None:
+                    verdicts[node] = (f"bf16: {size}, no example inputs to check its float8 "
+                                      "numerics on")
+                else:
+                    c.pays = pays
+                    verdicts[node] = None  # to check
+        return out, verdicts
+
+    def _measure(self, gm: fx.GraphModule, found: dict[fx.Node, _Candidate], recipe: str
+                 ) -> None:
+        args, kwargs = split_inputs(self.example_inputs)
+        bound = inspect.signature(gm.forward).bind(*args, **kwargs).args
+        with replayed(gm) as replay, torch.no_grad():
+            replay(lambda _: _ErrorRecorder(gm, found, recipe, self.policy.dtype).run(*bound),
+                   self.example_inputs)
+
+    @staticmethod
+    def _judge(c: _Candidate, spec: f8.Float8) -> str:
+        size = f"{c.k}x{c.n} on {c.m} rows"
+        if c.errors is None:
+            return f"bf16: {size}, not reached on the example inputs"
+        e_low, e_fp8 = c.errors
+        ok, ratio = f8.accepted(e_low, e_fp8, spec.bound)
+        limit = spec.bound * f8.E4M3_VS_BF16
+        pays = f"{c.pays:.2g}x bf16's speed on {spec.target}"
+        if ok:
+            return (f"fp8 ({spec.recipe}): {size}, {pays}, error {ratio:.1f}x bf16's "
+                    f"(bound {limit:g}x)")
+        return (f"bf16: {size}, float8 error {ratio:.1f}x bf16's on the example inputs, "
+                f"above the bound {limit:g}x ({e_fp8:.3g} against {e_low:.3g})")
+
+    def _rewrite(self, gm: fx.GraphModule, c: _Candidate, recipe: str, verdict: str) -> None:
+        node = c.node
+        old_w = arguments(gm, node)["weight"]
+        with gm.graph.inserting_before(node):
+            # Train mode: torchao's autograd function (the recipe's backward); eval mode: its
+            # forward in plain ops, which torch.export takes (float8.linear_inference).
+            fn = f8.linear if gm.training else f8.linear_inference
+            new = gm.graph.call_function(fn, (c.x, c.w, c.b, recipe))
+        new.meta.update(node.meta)
+        name = node.name
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+        new._rename(name)  # the report's and selectors' name for it stays
+        if isinstance(old_w, fx.Node) and old_w is not c.w and not old_w.users:
+            gm.graph.erase_node(old_w)  # the weight's bf16 cast, read by nothing else now
+        record(gm, new, "float8", verdict)

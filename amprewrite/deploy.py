@@ -204,8 +204,10 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         to: ``"pt2"`` (``torch.export.save``), ``"aoti"``
             (``torch._inductor.aoti_compile_and_package``) or ``"onnx"``
             (``torch.onnx.export(..., dynamo=True)``, then made lean by exact rewrites,
-            :func:`amprewrite.onnx_lean.lean`; needs ``pip install onnx onnxscript
-            onnxruntime``; float16 unless ``check=False``, see :func:`preflight`).
+            :func:`amprewrite.onnx_lean.lean`, which also stores a float16 file's float32
+            embedding tables float16, cast to float32 after the lookup; needs ``pip install
+            onnx onnxscript onnxruntime``; float16 unless ``check=False``, see
+            :func:`preflight`).
         dtype: ``"bf16"`` or ``"fp16"``, as for :func:`amprewrite.transform`.
         dynamic_batch: dimension 0 of every input dynamic where the model allows it
             (``transform(dynamic_shapes="batch")`` and ``Dim.AUTO`` at export); ``False``
@@ -352,7 +354,9 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
     status("making the ONNX file lean (weights read only in float16 stored float16)", log=True)
     model = onnx.load(os.fspath(path))
     try:
-        model = lean(model)  # exact: see amprewrite/onnx_lean.py
+        # exact, but for tables=True: in a float16 file, a float32 embedding table is stored
+        # float16 and its lookups cast to float32 after (amprewrite/onnx_lean.py)
+        model = lean(model, tables=True)
     except Exception as exc:  # a bug to report, not a reason to ship nothing
         logging.getLogger("amprewrite").warning(
             "the ONNX file is written as torch.onnx.export wrote it: making it lean failed "

@@ -9,7 +9,9 @@ rewrites that are exact, value for value:
 - a ``Cast`` or ``CastLike`` of a constant (an initializer or a ``Constant`` node) becomes the
   cast constant: a float32 weight read only through casts to float16 is stored float16, the
   rounding the file would have made when it runs, made once when it is written. A weight also
-  read in float32 (GPT-2's embedding, tied to its float16 head) stays float32 with its cast;
+  read in float32 (GPT-2's embedding, tied to its float16 head) stays float32 with its cast
+  (but see ``tables`` below), and an initializer's cast to a wider float type stays a cast
+  (storing the wider copy would grow the file);
 - a cast to the type its input already has, an ``Identity``, and a widening round trip
   (``float16 -> float32 -> float16``: every float16 is a float32) read their input instead;
 - two casts of one value to one type are one;
@@ -19,6 +21,21 @@ rewrites that are exact, value for value:
 - node metadata and doc strings are dropped (torch's stack traces, not read by any runtime).
 
 A lossy cast pair (``float32 -> float16 -> float32``) is a rounding the plan asked for and stays.
+
+One rule is a rounding, not a rewrite, and runs only when asked (``lean(model, tables=True)``;
+:func:`amprewrite.deploy.export` asks for it in a float16 ONNX file): a float32 initializer read
+only as the table of lookups (``Gather``, ``GatherElements``, ``GatherND``: an embedding) and by
+casts to float16 is stored float16, and each lookup's result is cast to float32 after it. A
+lookup commutes with a cast, so the file computes exactly what it did with the table rounded to
+float16 and widened: the rows it reads are rounded, nothing else. The plan keeps such a lookup
+fp32 because it feeds the fp32 residual stream and norms (an exact op in fp32 needs no cast),
+which stores a vocabulary table at twice the bytes; rounding the table adds one float16 rounding
+to each embedding row (relative 2**-11 at most) and halves the file's largest tensor. A table
+read by a float16 matmul too (GPT-2's embedding, tied to its head) is then stored once, float16.
+Not when the file has no float16 cast (a bfloat16 or float32 file), nor for a table past
+float16's range or more than :data:`amprewrite.ranges.TINY_SHARE` of whose nonzero values would
+be float16 subnormals.
+
 A file with control flow (If, Loop, Scan) gets only onnxscript's passes and the metadata drop:
 its subgraphs read outer values by name, which the rewrites above do not follow.
 """
@@ -27,6 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
@@ -57,9 +75,13 @@ def cast_count(model: onnx.ModelProto) -> int:
     return sum(n.op_type in ("Cast", "CastLike") for n in model.graph.node)
 
 
-def lean(model: onnx.ModelProto) -> onnx.ModelProto:
+def lean(model: onnx.ModelProto, tables: bool = False) -> onnx.ModelProto:
     """``model`` with its constant casts folded, exact redundant casts and dead nodes removed
     and node metadata dropped; it computes the same values. ``model`` itself is not changed.
+
+    ``tables=True`` also stores the float32 lookup tables of a float16 file float16 (see the
+    module's docstring): the file then computes what ``model`` computes with those tables
+    rounded to float16.
 
     >>> import numpy as np, onnx
     >>> from onnx import helper as h, TensorProto as T, numpy_helper
@@ -77,6 +99,8 @@ def lean(model: onnx.ModelProto) -> onnx.ModelProto:
     # Subgraphs (If, Loop, Scan) read outer values by name, which these passes do not follow:
     # such a file gets only onnxscript's passes, which do.
     flat = not any(_has_subgraph(n) for n in out.graph.node)
+    if tables and flat:
+        _store_tables_low(out.graph)
     for _ in range(4 if flat else 0):  # each round can expose more (a folded cast feeds a cast)
         before = len(out.graph.node), len(out.graph.initializer)
         _fold_constant_casts(out.graph)
@@ -159,6 +183,7 @@ def _fold_constant_casts(graph: onnx.GraphProto) -> None:
             continue
         readers = users[source]
         if (source in inits and source not in kept
+                and not _widens_float(inits[source].data_type, to)
                 and all(r.op_type in ("Cast", "CastLike") and r.input[0] == source
                         and _cast_target(r, declared, constants, inits) == to for r in readers)):
             init = inits[source]
@@ -181,6 +206,79 @@ def _fold_constant_casts(graph: onnx.GraphProto) -> None:
                for old, new in renames.items() if old in outputs]
     del graph.node[:]
     graph.node.extend(copies)
+
+
+_LOOKUPS = ("Gather", "GatherElements", "GatherND")
+
+
+def _store_tables_low(graph: onnx.GraphProto) -> list[str]:
+    """Float32 initializers read only as lookup tables and by casts to float16 become float16,
+    with a cast to float32 after each lookup; returns their names. Not in a file without a
+    cast to float16, nor for a table float16 would overflow or store mostly subnormal.
+
+    Matches:      table(f32) -> Gather -> y(f32);  table(f32) -> Cast(to=f16) -> t16
+    Rewrite to:   table(f16) -> Gather -> Cast(to=f32) -> y;  table(f16) -> Cast(to=f16) -> t16
+    (the second cast, to the type it reads, is then bypassed by :func:`_bypass_exact`).
+    """
+    from .ranges import TINY_SHARE
+
+    casts = [n for n in graph.node if n.op_type == "Cast"]
+    if not any(_attr(n, "to") == TensorProto.FLOAT16 for n in casts):
+        return []
+    users = _consumers(graph)
+    kept = {i.name for i in graph.input} | {o.name for o in graph.output}
+    taken = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+    infos = {v.name: v for v in graph.value_info if v.type.HasField("tensor_type")}
+    tiny = float(np.finfo(np.float16).tiny)
+    stored: list[str] = []
+    after: dict[int, onnx.NodeProto] = {}  # id of a lookup -> the cast that follows it
+    for init in graph.initializer:
+        readers = users.get(init.name, [])
+        lookups = [r for r in readers if r.op_type in _LOOKUPS and r.input[0] == init.name
+                   and init.name not in r.input[1:]]
+        if (init.data_type != TensorProto.FLOAT or init.name in kept or not lookups
+                or not all(r in lookups or (r.op_type == "Cast" and _attr(r, "to")
+                                            == TensorProto.FLOAT16) for r in readers)):
+            continue
+        table = numpy_helper.to_array(init)
+        magnitude = np.abs(table[table != 0])
+        if magnitude.size and (magnitude.max() > np.finfo(np.float16).max
+                               or (magnitude < tiny).mean() > TINY_SHARE):
+            continue
+        init.CopyFrom(numpy_helper.from_array(table.astype(np.float16), init.name))
+        if init.name in infos:
+            infos[init.name].type.tensor_type.elem_type = TensorProto.FLOAT16
+        for lookup in lookups:
+            wide = lookup.output[0]
+            low = _fresh(f"{wide}_f16", taken)
+            lookup.output[0] = low
+            after[id(lookup)] = onnx.helper.make_node("Cast", [low], [wide],
+                                                      to=TensorProto.FLOAT)
+        stored.append(init.name)
+    nodes = [m for n in graph.node for m in ([n, after[id(n)]] if id(n) in after else [n])]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    return stored
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+_FLOATS = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def _widens_float(source: int, to: int) -> bool:
+    """A float-to-wider-float cast (a float16 table widened after its lookup, folded, would
+    store the table at float32's bytes again)."""
+    return (source in _FLOATS and to in _FLOATS
+            and _FLOATS.index(to) > _FLOATS.index(source) and (source, to) in _WIDENING)
 
 
 def _cast_target(node: onnx.NodeProto, declared: dict[str, int],

@@ -103,3 +103,106 @@ def test_a_zoo_gpt2_file_gets_lean_with_the_same_outputs(tmp_path):
     assert all("Gemm" not in r and "MatMul" not in r for r in readers.values()), readers
     assert len(out.SerializeToString()) < 0.25 * len(exported.SerializeToString())
     assert cast_count(out) < cast_count(exported) / 2
+
+
+def lookup_model():
+    """A float16 file's shape of an embedding: a vocabulary table read by a float32 Gather
+    into a float32 residual stream (the plan's: the lookup is exact), tied to a float16 head
+    through a cast; a second table read only by a Gather; a float32 weight read in float32."""
+    rng = np.random.default_rng(0)
+    # 9000 rows: past onnxscript's folding limit, so the head's Transpose is not folded into a
+    # second (transposed) copy of the table
+    wte = numpy_helper.from_array(rng.standard_normal((9000, 8)).astype(np.float32), "wte")
+    wpe = numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), "wpe")
+    ln = numpy_helper.from_array(rng.standard_normal((8,)).astype(np.float32), "ln")
+    nodes = [
+        h.make_node("Gather", ["wte", "ids"], ["tok"]),
+        h.make_node("Gather", ["wpe", "pos"], ["where"]),
+        h.make_node("Add", ["tok", "where"], ["x"]),
+        h.make_node("Mul", ["x", "ln"], ["xn"]),  # float32 stream
+        cast("xn", "x16", T.FLOAT16),
+        cast("wte", "wte16", T.FLOAT16),  # the tied head
+        h.make_node("Transpose", ["wte16"], ["head"], perm=[1, 0]),
+        h.make_node("MatMul", ["x16", "head"], ["logits16"]),
+        cast("logits16", "logits", T.FLOAT),
+    ]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", T.INT64, [2, 4]),
+                                      h.make_tensor_value_info("pos", T.INT64, [2, 4])],
+                         [h.make_tensor_value_info("logits", T.FLOAT, [2, 4, 9000])],
+                         [wte, wpe, ln])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+
+
+def with_tables_rounded(model, names):
+    """``model`` with the named initializers rounded to float16 (kept float32)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in names:
+            array = numpy_helper.to_array(init).astype(np.float16).astype(np.float32)
+            init.CopyFrom(numpy_helper.from_array(array, init.name))
+    return out
+
+
+def test_tables_stores_lookup_tables_float16_with_the_cast_after_the_lookup():
+    from amprewrite.onnx_rounded import run_rounded
+
+    model = lookup_model()
+    out = lean(model, tables=True)
+    inits = {i.name: i.data_type for i in out.graph.initializer}
+    # both tables float16, the tied one once; a weight read in float32 stays float32
+    assert inits == {"wte": T.FLOAT16, "wpe": T.FLOAT16, "ln": T.FLOAT}
+    producer = {o: n for n in out.graph.node for o in n.output}
+    casts = [n for n in out.graph.node if n.op_type == "Cast"]
+    widened = sorted(producer[n.input[0]].input[0] for n in casts
+                     if n.attribute[0].i == T.FLOAT and producer[n.input[0]].op_type == "Gather")
+    assert widened == ["wpe", "wte"]  # one cast to float32 after each lookup
+    assert not any(n.input[0] == "wte" for n in casts)  # the head reads the stored table
+    assert cast_count(out) == cast_count(model) - 1 + 2
+    # what it computes: the file before, with the tables rounded to float16, bit for bit
+    rng = np.random.default_rng(1)
+    feeds = {"ids": rng.integers(0, 9000, (2, 4)), "pos": rng.integers(0, 4, (2, 4))}
+    want = with_tables_rounded(model, {"wte", "wpe"})
+    np.testing.assert_array_equal(run_rounded(out, feeds)[0], run_rounded(want, feeds)[0])
+    np.testing.assert_array_equal(run(out, feeds)[0], run(want, feeds)[0])
+    # without tables=True, lean leaves them float32: the rule is a rounding, asked for
+    assert {i.name: i.data_type for i in lean(model).graph.initializer}["wpe"] == T.FLOAT
+
+
+def test_tables_leaves_a_float32_file_and_tables_float16_cannot_hold():
+    model = lookup_model()
+    # no cast to float16 anywhere: a float32 file keeps its tables
+    fp32 = onnx.ModelProto()
+    fp32.CopyFrom(model)
+    nodes = [n for n in fp32.graph.node if n.op_type in ("Gather", "Add")]
+    del fp32.graph.node[:]
+    fp32.graph.node.extend(nodes)
+    del fp32.graph.output[:]
+    fp32.graph.output.append(h.make_tensor_value_info("x", T.FLOAT, [2, 4, 8]))
+    assert all(i.data_type == T.FLOAT for i in lean(fp32, tables=True).graph.initializer)
+    # past float16's range, or mostly float16 subnormals: stays float32
+    for value in (1e5, 1e-6):
+        big = onnx.ModelProto()
+        big.CopyFrom(model)
+        init = next(i for i in big.graph.initializer if i.name == "wpe")
+        init.CopyFrom(numpy_helper.from_array(np.full((4, 8), value, np.float32), "wpe"))
+        inits = {i.name: i.data_type for i in lean(big, tables=True).graph.initializer}
+        assert inits["wpe"] == T.FLOAT and inits["wte"] == T.FLOAT16, value
+
+
+def test_a_zoo_bert_file_stores_its_embedding_tables_float16(tmp_path):
+    """deploy.export's float16 file: BERT's word, position and token-type tables are stored
+    float16 (the plan reads them in float32), each lookup cast to float32 after it."""
+    from amprewrite import deploy
+    from amprewrite.testing import zoo
+
+    model, (ids,) = zoo.bert()
+    path = tmp_path / "bert.onnx"
+    deploy.export(model, (ids,), path=path, to="onnx", dtype="fp16", dynamic_batch=False,
+                  check=False)
+    out = onnx.load(str(path))
+    fp32 = [i.name for i in out.graph.initializer if i.data_type == T.FLOAT and len(i.dims) > 1]
+    assert fp32 == [], fp32  # only the norms' vectors stay float32
+    tables = {i.name for i in out.graph.initializer if i.name.endswith("_embeddings.weight")}
+    assert "embeddings.word_embeddings.weight" in tables
+    assert all(i.data_type == T.FLOAT16 for i in out.graph.initializer if i.name in tables)

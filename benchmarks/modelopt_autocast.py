@@ -2,6 +2,7 @@
 (issue 36, item 8).
 
     python -m benchmarks.modelopt_autocast [--cases t5_ff attn_scores ...] [--repeats 200]
+                                           [--size large]
     python -m benchmarks modelopt [same options]
 
 Setup (once). ``nvidia-modelopt[onnx]`` replaces onnxruntime with onnxruntime-gpu and
@@ -28,6 +29,10 @@ Each case is a small fp32 model with example inputs:
 - ``layer_scale``: a residual MLP block whose update is scaled by 1e-6 (a layer scale);
 - ``gpt2`` and ``bert``: amprewrite.testing.zoo's GPT-2 and BERT (Hugging Face, small configs,
   random weights, no download).
+
+``--size large`` runs GPT-2 and BERT only, at hidden 256, 4 layers, vocabulary 8192 and 2 x 128
+tokens (the zoo's: hidden 64, 2 layers, vocabulary 256, 2 x 64), and writes
+docs/benchmarks/modelopt_autocast_large.{json,csv}.
 
 The files of each case, all with static shapes: ``fp32`` (``torch.onnx.export(model,
 dynamo=True)``, onnxscript's optimizer on, as a user exports), ``modelopt``
@@ -179,6 +184,24 @@ def _seeded(cls: type[nn.Module], shape: tuple[int, ...]):
     return make
 
 
+def _gpt2_large():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=8192, n_embd=256, n_layer=4, n_head=4, n_positions=512,
+                     bos_token_id=0, eos_token_id=0, use_cache=False)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 8192, (2, 128)),)
+
+
+def _bert_large():
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(vocab_size=8192, hidden_size=256, num_hidden_layers=4,
+                     num_attention_heads=4, intermediate_size=1024, max_position_embeddings=512)
+    torch.manual_seed(0)
+    return BertModel(cfg).eval(), (torch.randint(0, 8192, (2, 128)),)
+
+
 CASES = {
     "t5_ff": _seeded(T5FeedForward, (2, 32, 64)),
     "attn_scores": _seeded(ScoresBeforeScaling, (2, 32, 64)),
@@ -188,6 +211,9 @@ CASES = {
     "gpt2": zoo.MODELS["gpt2"],
     "bert": zoo.MODELS["bert"],
 }
+# --size large: GPT-2 and BERT at hidden 256, 4 layers, vocabulary 8192, 2 x 128 tokens, where
+# the zoo's (hidden 64, 2 x 64 tokens) spend most of their time on per-op overhead and casts.
+LARGE = {"gpt2": _gpt2_large, "bert": _bert_large}
 
 
 # --- the three files ------------------------------------------------------------------------
@@ -314,8 +340,8 @@ def latencies(paths: dict[str, Path], inputs: tuple, repeats: int) -> dict[str, 
 
 
 def measure(case: str, out: Path, python: Path | None, repeats: int,
-            why_not: str) -> list[dict]:
-    model, inputs = CASES[case]()
+            why_not: str, size: str = "small") -> list[dict]:
+    model, inputs = (LARGE if size == "large" else CASES)[case]()
     with torch.no_grad():
         refs = float_leaves(model(*inputs))
     paths = {tool: out / f"{case}-{tool}.onnx" for tool in TOOLS}
@@ -377,11 +403,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.modelopt_autocast",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=list(CASES),
+                        help="default: all (with --size large: gpt2 and bert)")
+    parser.add_argument("--size", choices=["small", "large"], default="small",
+                        help="large: GPT-2 and BERT at hidden 256, 4 layers, vocabulary 8192, "
+                             "2 x 128 tokens (writes NAME_large)")
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--venv", type=Path, default=VENV)
     parser.add_argument("--name", default="modelopt_autocast")
     args = parser.parse_args(argv)
+    cases = args.cases or list(LARGE if args.size == "large" else CASES)
+    if args.size == "large":
+        if set(cases) - set(LARGE):
+            parser.error(f"--size large has only the cases {', '.join(LARGE)}")
+        args.name += "_large"
     warnings.simplefilter("ignore")
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the torchvision ops it skips
     python, why_not = modelopt_python(args.venv)
@@ -390,8 +425,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases:
-            rows += measure(case, Path(tmp), python, args.repeats, why_not)
+        for case in cases:
+            rows += measure(case, Path(tmp), python, args.repeats, why_not, args.size)
             for row in rows[-len(TOOLS):]:
                 print(" ".join(f"{k}={row[k]:.3g}" if isinstance(row.get(k), float)
                                else f"{k}={row[k]}" for k in COLUMNS if k in row), flush=True)
@@ -407,7 +442,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
              "__version__, onnx.__version__, onnxruntime.__version__)"],
             capture_output=True, text=True).stdout.strip()
     save(args.name, rows, {"goals": GOALS, "verdicts": checks, "total_s": total,
-                           "repeats": args.repeats,
+                           "repeats": args.repeats, "size": args.size,
                            "modelopt_onnx_onnxruntime": modelopt_version,
                            "onnxruntime": __import__("onnxruntime").__version__})
     return rows

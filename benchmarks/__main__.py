@@ -22,13 +22,16 @@
     python -m benchmarks overflow       # fp16 on models whose values pass 65504: errors, matmul
                                         # FLOPs kept in fp16, what recording ranges costs
                                         # (options: python -m benchmarks.overflow --help)
+    python -m benchmarks fp8            # float8: amprewrite fp8 against bf16 and torchao's own
+                                        # conversion on a LLaMA block, inference and a train
+                                        # step (options: python -m benchmarks.fp8 --help)
     python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
                                         # (its own venv: python -m benchmarks.modelopt_autocast
                                         # --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
 capture,generate,report_page,startup,conformance,mutants,memory,deploy,overflow,
-modelopt_autocast}
+modelopt_autocast,fp8}
 --help.
 """
 
@@ -43,6 +46,7 @@ from . import (
     capture,
     conformance,
     deploy,
+    fp8,
     generate,
     gpu_budget,
     inference,
@@ -112,12 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["overflow"]:  # its own options (--cases, --repeats)
         overflow.main(argv[1:])
         return 0
+    if argv[:1] == ["fp8"]:  # its own options (--size, --tiny, --tasks, --recipes, --out)
+        fp8.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("what", choices=["all", "mutants", "memory", "deploy",
-                                         "modelopt", "overflow"])
+                                         "modelopt", "overflow", "fp8"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

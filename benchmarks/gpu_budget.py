@@ -36,10 +36,10 @@ from pathlib import Path
 
 import torch
 
-from . import kernel_probe, memory, runtime
+from . import fp8, kernel_probe, memory, runtime
 from .common import RESULTS, interleaved, machine, table
 
-__all__ = ["COST_S", "SLACK_S", "OverBudget", "Row", "main", "measure", "plan_rows"]
+__all__ = ["COST_S", "FP8_COST_S", "SLACK_S", "OverBudget", "Row", "main", "measure", "plan_rows"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +61,16 @@ SLACK_S = 3.0
 # to ~565 s here. Memory rows measure the same zoo models at every size and are mostly
 # CPU-side work (capture, verification): their tiny seconds. Probe and tests: CUDA start-up
 # plus what they take here.
+# fp8 rows (benchmarks/fp8.py: one per task and recipe, four variants, compiled). Tiny: the
+# first calls (compiles) of `python -m benchmarks fp8 --tiny` on this CPU with a cold cache sum
+# to ~35 s (inference) and ~50 s (train step; torchao rowwise's alone 31 s) per recipe's four
+# variants, plus two transforms (~10 s) and the rounds (tensorwise float8 is slow here: ~0.3 s
+# a call); with a warm inductor cache each row took 15-17 s. GPU sizes (hidden 4096, 2 x 2048
+# tokens) not yet measured anywhere: two transforms with the float8 check (~10 s each), four
+# compiles at the ~20 s (inference) and ~30 s (train step: torchao's subclass in the backward)
+# a variant of the LLaMA runtime rows below, the rounds and the memory pass (under 10 s).
+FP8_COST_S: dict[str, tuple[float, float]] = {"infer": (60, 110), "train": (90, 150)}
+COST_S: dict[str, tuple[float, float]] = {"infer": (80, 110), "train": (130, 150)}
 COST_S: dict[str, tuple[float, float]] = {
     "kernel_probe": (1, 10),
     "cuda_tests": (4, 25),
@@ -80,6 +90,8 @@ COST_S: dict[str, tuple[float, float]] = {
     "memory/gpt2": (5, 5), "memory/bert": (6, 6), "memory/t5": (13, 13), "memory/vit": (4, 4),
     "memory/whisper": (14, 14), "memory/unet2d": (28, 28), "memory/unet2d_condition": (52, 52),
     "memory/autoencoder_kl": (34, 34), "memory/resnet": (7, 7),
+    **{f"fp8/{task}/{recipe}": cost for task, cost in FP8_COST_S.items()
+       for recipe in fp8.RECIPES},
 }
 
 RUNTIME_MODELS = ("cnn", "llama", "unet")
@@ -266,6 +278,19 @@ def cuda_tests() -> list[dict]:
              "summary": lines[-1] if lines else proc.stderr[-300:]}]
 
 
+def fp8_row(task: str, recipe: str, device: str, tiny: bool) -> list[dict]:
+    """benchmarks.fp8 for one task and recipe (bf16 amprewrite, autocast, torchao, amprewrite
+    fp8; compiled), amprewrite's float8 verdicts on its rows."""
+    verdicts: dict = {}
+    rows = fp8.run_task(task, "tiny" if tiny else "large", device, [recipe],
+                        repeats=REPEATS["tiny" if tiny else "gpu"][0], verdicts=verdicts)
+    for row in rows:
+        if f"{task}/{row['variant']}" in verdicts:
+            row["verdicts"] = verdicts[f"{task}/{row['variant']}"]
+    print(table(rows, [c for c in fp8.COLUMNS if any(c in r for r in rows)]), flush=True)
+    return rows
+
+
 def plan_rows(device: str, tiny: bool, dtypes: list[str]) -> list[Row]:
     """Every row, ordered by (tier, estimate): what to measure first when time is short."""
     size = 0 if tiny else 1
@@ -292,6 +317,14 @@ def plan_rows(device: str, tiny: bool, dtypes: list[str]) -> list[Row]:
                             COST_S[f"memory/{model}"][size],
                             lambda m=model, d=dname: memory.run_model(
                                 m, [d], device, mem_repeats, compiled=False)))
+    # float8 (issue 38), dtype-free (bf16 against float8): tensorwise, whose train step holds
+    # the open goals (docs/benchmarks.md, "float8"), with the open questions in tier 1;
+    # rowwise with the bf16 training rows in tier 3.
+    for recipe in fp8.RECIPES:
+        for task in fp8.TASKS:
+            rows.append(Row(f"fp8/{task}/{recipe}", 1 if recipe == "tensorwise" else 3,
+                            COST_S[f"fp8/{task}/{recipe}"][size],
+                            lambda t=task, r=recipe: fp8_row(t, r, device, tiny)))
     return sorted(rows, key=lambda r: (r.tier, r.estimate_s))
 
 

@@ -1,7 +1,7 @@
 """Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
 
     python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|capture_llama|
-                                generate|inference|inference_compiled|report_page
+                                generate|inference|inference_compiled|report_page|fp8
 """
 
 from __future__ import annotations
@@ -90,10 +90,22 @@ def report_page() -> str:
                                 "expanded_items", "search_s"])
 
 
+def fp8(device: str = "cpu") -> str:
+    data = json.loads((RESULTS / f"fp8_{device}.json").read_text())
+    rows = [{**r, "median (IQR) ms": f"{r['median_ms']:.1f} ({r['iqr_ms']:.1f})",
+             "float8 linears": f"{r['fp8_linears']}/{r['linears']}"} for r in data["rows"]]
+    cols = ["task", "variant", "median (IQR) ms", "speedup", "out_err", "loss_err",
+            "loss_after_err", "grad_err", "float8 linears", "first_call_s"]
+    if any("peak_mib" in r for r in rows):
+        cols.insert(4, "peak_mib")
+    return table(rows, cols)
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
           "loops": loops, "capture": capture, "capture_llama": capture_llama,
           "generate": generate, "inference": inference,
-          "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page}
+          "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page,
+          "fp8": fp8}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

@@ -58,7 +58,9 @@ def test_planner_skips_what_does_not_fit_stops_at_the_budget_and_writes_after_ea
 def test_every_row_has_a_cost_estimate_and_the_plan_puts_probes_first():
     rows = plan_rows("cpu", tiny=True, dtypes=["bf16", "fp16"])
     names = [r.name for r in rows]
-    assert len(names) == len(set(names)) == 2 + 2 * (len(COST_S) - 2)
+    fp8 = [n for n in COST_S if n.startswith("fp8/")]  # bf16 against float8: once, no dtype
+    assert len(fp8) == 4 and set(fp8) <= set(names)
+    assert len(names) == len(set(names)) == 2 + 2 * (len(COST_S) - 2 - len(fp8)) + len(fp8)
     assert {"/".join(p for p in n.split("/") if p not in ("bf16", "fp16")) for n in names} == set(
         COST_S)
     assert names[:2] == ["kernel_probe", "cuda_tests"]

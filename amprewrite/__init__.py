@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         ShapeError,
         VerificationError,
     )
+    from .float8 import Float8
     from .generation import for_generation
     from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
     from .ops import FAMILIES, Family, Precision, override_families, register_family
@@ -46,6 +47,7 @@ _EXPORTS = {
     **dict.fromkeys(("AmpRewriteError", "CaptureError", "ModelError", "ModeSwitchError",
                      "NotVerifiedWarning", "PassError", "PolicyError", "ShapeError",
                      "VerificationError"), "errors"),
+    "Float8": "float8",
     "for_generation": "generation",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
                     "numerics"),
@@ -62,6 +64,7 @@ __all__ = [
     "CheckResult",
     "Decision",
     "Family",
+    "Float8",
     "ModeSwitchError",
     "ModelError",
     "NodeError",

@@ -144,22 +144,23 @@ def speedup(m: int, k: int, n: int, training: bool = False, target: str = "h100"
 
     bf16: the GEMM (2mkn FLOPs; bf16 operands and output) and the weight's cast to bf16.
     float8: the GEMM at the float8 rate (1-byte operands, bf16 output) and, per operand, the
-    scaling: a fused pass reading it and writing its float8 copy, plus an amax kernel and a
-    cast kernel (``launch_s`` each). In train mode the two backward GEMMs too, with their
-    operands scaled again (grad_output twice, the weight and the input once more)."""
+    dynamic scaling: an amax pass reading it, then a pass reading it again and writing its
+    float8 copy (two kernels, ``launch_s`` each). In train mode the two backward GEMMs too,
+    with their operands scaled again (grad_output twice, the weight and the input once more)."""
     t = TARGETS[target]
     flops = 2.0 * m * k * n
     mk, kn, mn = m * k, k * n, m * n
-    w_cast = (weight_bytes + 2) * kn if weight_bytes != 2 else 0
+    wb = weight_bytes
+    w_cast = (wb + 2) * kn if wb != 2 else 0
     bf16 = _gemm(flops, 2 * (mk + kn + mn), t.bf16_flops, t) + w_cast / t.bandwidth
-    scale_x, scale_w = 3 * mk, (weight_bytes + 1) * kn
+    scale_x, scale_w = 3 * mk, (2 * wb + 1) * kn
     fp8 = (_gemm(flops, mk + kn + 2 * mn, t.fp8_flops, t)
            + (scale_x + scale_w) / t.bandwidth + 4 * t.launch_s)
     if training:
         # grad_input = grad_out @ w, grad_weight = grad_out^T @ x
         bf16 += (_gemm(flops, 2 * (mn + kn + mk), t.bf16_flops, t)
                  + _gemm(flops, 2 * (mn + mk) + 4 * kn, t.bf16_flops, t))
-        scale_back = 2 * 3 * mn + (weight_bytes + 1) * kn + 3 * mk
+        scale_back = 2 * 3 * mn + (2 * wb + 1) * kn + 3 * mk
         fp8 += (_gemm(flops, mn + kn + 2 * mk, t.fp8_flops, t)
                 + _gemm(flops, mn + mk + 4 * kn, t.fp8_flops, t)
                 + scale_back / t.bandwidth + 8 * t.launch_s)

@@ -2,7 +2,9 @@
 
 Matches (after the casts are placed, in a bf16 plan):
     ``y = linear(x_bf16, w.to(bf16), b.to(bf16))`` a LOW linear whose weight is a parameter
-    (a get_attr, or a graph input in the torch.compile backend), K and N divisible by 16
+    (a get_attr, or a graph input in the torch.compile backend), K and N divisible by 16; and
+    the weight matmuls ``addmm(b, x, w)`` (GPT-2's Conv1D), ``mm(x, w)``, ``x @ w`` (w.t()
+    is the linear's weight)
 Rewrite to:
     ``y = float8.linear(x_bf16, w, b.to(bf16), recipe)`` (torchao's Float8Linear forward and
     backward on the fp32 master weight; the weight's bf16 cast goes when nothing else reads it);
@@ -20,6 +22,7 @@ bf16, saying so.
 from __future__ import annotations
 
 import inspect
+import operator
 
 import torch
 from torch import fx
@@ -43,12 +46,38 @@ def _source(value: object) -> object:
     return value
 
 
+_LINEAR = frozenset(FAMILIES["linear"].functions)
+# The matmul spellings whose second operand may be a (K, N) weight: addmm (GPT-2's Conv1D),
+# mm, matmul and ``@``.
+_MATMULS = _LINEAR | {torch.addmm, torch.mm, torch.matmul, operator.matmul}
+
+
+def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple | None:
+    """(data, weight, bias, transposed) of a linear-like call, else None: ``linear(x, w, b)``
+    with w (N, K); ``addmm(b, x, w)`` (beta = alpha = 1), ``mm(x, w)``, ``x @ w`` with w (K, N)."""
+    if node.target is operator.matmul:
+        return (*node.args, None, True) if len(node.args) == 2 and not node.kwargs else None
+    args = arguments(gm, node)
+    if args is None:
+        return None
+    if node.target in _LINEAR:
+        return ((args["input"], args["weight"], args["bias"], False)
+                if set(args) == {"input", "weight", "bias"} else None)
+    if node.target is torch.addmm:
+        if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
+            return None
+        return args["mat1"], args["mat2"], args["input"], True
+    other = args.get("other", args.get("mat2"))
+    return (args["input"], other, None, True) if other is not None and len(args) == 2 else None
+
+
 class _Candidate:
     def __init__(self, node: fx.Node, x: fx.Node, w: fx.Node, b: object, m: int, k: int, n: int):
         self.node, self.x, self.w, self.b = node, x, w, b
         self.m, self.k, self.n = m, k, n
         self.errors: tuple[float, float] | None = None
         self.pays = 0.0  # the cost model's speedup
+        self.transposed = False  # the weight is stored (K, N): addmm / matmul, not linear
 
 
 class _ErrorRecorder(fx.Interpreter):
@@ -69,10 +98,11 @@ class _ErrorRecorder(fx.Interpreter):
             self.kept[n] = out
         c = self.found.get(n)
         if c is not None:
-            x, b = self.fetch_args_kwargs_from_env(n)[0][0], None
-            if isinstance(c.b, fx.Node):
-                b = self.fetch_args_kwargs_from_env(n)[0][2]
-            c.errors = f8.errors(x, self.kept[c.w], b, self.recipe, self.low)
+            # n's own arguments are still in env here (freed after run_node returns)
+            x = self.env[c.x]
+            b = self.env[c.b] if isinstance(c.b, fx.Node) else c.b
+            w = self.kept[c.w]
+            c.errors = f8.errors(x, w.t() if c.transposed else w, b, self.recipe, self.low)
         return out
 
 
@@ -106,18 +136,18 @@ class Float8Linears(Pass):
         return changed
 
     def _candidates(self, gm: fx.GraphModule, spec: f8.Float8):
-        linear = set(FAMILIES["linear"].functions)
         training = gm.training
         out, verdicts = [], {}
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in linear:
+            if node.op != "call_function" or node.target not in _MATMULS:
                 continue
             if node.meta.get(M.CLASS) != Precision.LOW:
                 continue
-            args = arguments(gm, node)
-            if args is None or set(args) != {"input", "weight", "bias"}:
+            found = _operands(gm, node)
+            if found is None:
                 continue
-            x, w, b = args["input"], _source(args["weight"]), args["bias"]
+            x, w, b, transposed = found
+            w = _source(w)
             if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)
                     and w.op in ("get_attr", "placeholder")):
                 continue
@@ -125,8 +155,9 @@ class Float8Linears(Pass):
             if not (xi.shape and wi.shape and len(wi.shape) == 2 and None not in wi.shape
                     and xi.numel):
                 continue
-            n, k = wi.shape
+            n, k = reversed(wi.shape) if transposed else wi.shape
             c = _Candidate(node, x, w, b, xi.numel // max(k, 1), k, n)
+            c.transposed = transposed
             out.append(c)
             size = f"{k}x{n} on {c.m} rows"
             if any(matches(node, s) for s in spec.exclude):
@@ -175,12 +206,17 @@ class Float8Linears(Pass):
 
     def _rewrite(self, gm: fx.GraphModule, c: _Candidate, recipe: str, verdict: str) -> None:
         node = c.node
-        old_w = arguments(gm, node)["weight"]
+        old_w = _operands(gm, node)[1]
         with gm.graph.inserting_before(node):
             # Train mode: torchao's autograd function (the recipe's backward); eval mode: its
             # forward in plain ops, which torch.export takes (float8.linear_inference).
             fn = f8.linear if gm.training else f8.linear_inference
-            new = gm.graph.call_function(fn, (c.x, c.w, c.b, recipe))
+            w = gm.graph.call_function(torch.t, (c.w,)) if c.transposed else c.w
+            if w is not c.w:
+                w.meta.update({k: v for k, v in node.meta.items() if k in M.PROVENANCE})
+                w.meta[M.ORIG] = M.ValueInfo("tensor", M.info(c.w).dtype, M.info(c.w).numel,
+                                             shape=(c.n, c.k))
+            new = gm.graph.call_function(fn, (c.x, w, c.b, recipe))
         new.meta.update(node.meta)
         name = node.name
         node.replace_all_uses_with(new)

@@ -280,3 +280,18 @@ def test_clear_errors():
     with pytest.raises(PolicyError, match="fp8 must be True, a recipe name"):
         amprewrite.transform(model, "bf16", example_inputs=(torch.randn(2, 64),), fp8=3)
     assert model.weight.dtype == torch.float32 and model.weight.grad is None
+
+
+def test_deploy_pt2_and_aoti_take_fp8_graphs_onnx_says_why_not(tmp_path):
+    import amprewrite.deploy as deploy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    x = (torch.randn(4, 16, 64),)
+    for to in ("pt2", "aoti"):
+        result = deploy.export(model, x, path=tmp_path / f"m_{to}.pt2", to=to, dtype="bf16",
+                               fp8=Float8("rowwise", min_speedup=0))
+        assert result.passed, result.problems
+        assert sum(str(v).startswith("fp8") for v in _verdicts(result.gm).values()) == 2
+    with pytest.raises(PolicyError, match="fp8 graphs do not go to ONNX"):
+        deploy.export(model, x, path=tmp_path / "m.onnx", to="onnx", dtype="fp16", fp8=True)

@@ -20,9 +20,8 @@ import warnings
 import torch
 from torch import fx, nn
 
-from .. import meta as M
 from ..errors import NotVerifiedWarning
-from ..float8 import E4M3_VS_BF16
+from ..float8 import check_factor
 from ..progress import status
 from ..report import REPORT_KEY
 from ..verify import verify_graph
@@ -72,9 +71,8 @@ class VerifyOutput(Pass):
         status("verifying against fp32 and autocast")
         # float8 linears (fp8=, each checked by float8_linears) round to e4m3, 16 times
         # bf16's unit: the whole graph is held to autocast's bf16 error times that.
-        fp8 = any(str(n.meta.get(M.FLOAT8, "")).startswith("fp8") for n in gm.graph.nodes)
         errors = verify_graph(self.model, gm, self.example_inputs, self.policy.dtype,
-                              looser=E4M3_VS_BF16 if fp8 else 1.0)
+                              looser=check_factor(gm))
         mode = (" in train mode (same random draws in every run, buffers restored)"
                 if gm.training else "")
         if rep is not None:

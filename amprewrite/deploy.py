@@ -29,12 +29,12 @@ from torch.utils import _pytree as pytree
 from .api import transform
 from .capture import split_inputs
 from .errors import AmpRewriteError, PolicyError
+from .float8 import check_factor
 from .policy import parse_dtype
 from .portable import foreign_types, loads_alone, plain, portable_module
 from .progress import status
 from .report import text_table
 from .shapes import BATCH, capture_spec
-from .float8 import check_factor
 from .verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 
 __all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",

@@ -38,8 +38,21 @@ import torch.nn.functional as F
 from . import meta as M
 from .errors import PolicyError
 
-__all__ = ["E4M3_VS_BF16", "RECIPES", "TARGETS", "Float8", "Target", "accepted", "configs",
-           "check_factor", "errors", "linear", "linear_inference", "parse_fp8", "speedup"]
+__all__ = [
+    "E4M3_VS_BF16",
+    "RECIPES",
+    "TARGETS",
+    "Float8",
+    "Target",
+    "accepted",
+    "check_factor",
+    "configs",
+    "errors",
+    "linear",
+    "linear_inference",
+    "parse_fp8",
+    "speedup",
+]
 
 # torchao's recipe names (torchao.float8.Float8LinearRecipeName).
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")

@@ -643,6 +643,13 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="more input batches whose value ranges the plan reads: a function "
                         "(or iterable) in a file returning an iterable of batches, each like "
                         "the example inputs")
+    p.add_argument("--fp8", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
+                   help="bf16 with inputs: run in float8 the linears that pay on an H100 and "
+                        "pass the per-layer numerics check (recipe: tensorwise, the default, "
+                        "rowwise, rowwise_with_gw_hp; needs torchao)")
+    p.add_argument("--fp8-any-size", action="store_true",
+                   help="with --fp8: turn the cost model off, so that small layers are "
+                        "checked and may run in float8 too (to try it on a CPU)")
 
 
 def _selector_flags(args: argparse.Namespace) -> dict:
@@ -654,6 +661,10 @@ def _selector_flags(args: argparse.Namespace) -> dict:
         from .target import load_batches
 
         out["calibration"] = load_batches(spec)
+    recipe = getattr(args, "fp8", None)
+    if recipe is not None or getattr(args, "fp8_any_size", False):
+        out["fp8"] = {"recipe": recipe or "tensorwise",
+                      **({"min_speedup": 0.0} if getattr(args, "fp8_any_size", False) else {})}
     return out
 
 

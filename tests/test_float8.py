@@ -295,3 +295,22 @@ def test_deploy_pt2_and_aoti_take_fp8_graphs_onnx_says_why_not(tmp_path):
         assert sum(str(v).startswith("fp8") for v in _verdicts(result.gm).values()) == 2
     with pytest.raises(PolicyError, match="fp8 graphs do not go to ONNX"):
         deploy.export(model, x, path=tmp_path / "m.onnx", to="onnx", dtype="fp16", fp8=True)
+
+
+def test_cli_fp8_flags(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    models = tmp_path / "m.py"
+    models.write_text("import torch\n\ndef mlp():\n    return torch.nn.Sequential(torch.nn.Linear("
+                      "64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "amprewrite.cli", "dump", f"{models}:mlp", "--inputs", "4x16x64",
+         "--fp8", "rowwise", "--fp8-any-size", "--out", str(tmp_path / "out"),
+         "--format", "text"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr
+    report = (tmp_path / "out" / "report.txt").read_text()
+    assert "float8: 2 of 2 linears" in report
+    assert "fp8 (rowwise): 64x128 on 64 rows, cost model off (min_speedup=0)" in report

@@ -197,7 +197,8 @@ class Float8Linears(Pass):
         e_low, e_fp8 = c.errors
         ok, ratio = f8.accepted(e_low, e_fp8, spec.bound)
         limit = spec.bound * f8.E4M3_VS_BF16
-        pays = f"{c.pays:.2g}x bf16's speed on {spec.target}"
+        pays = (f"{c.pays:.2g}x bf16's speed on {spec.target}" if spec.min_speedup > 0
+                else "cost model off (min_speedup=0)")
         if ok:
             return (f"fp8 ({spec.recipe}): {size}, {pays}, error {ratio:.1f}x bf16's "
                     f"(bound {limit:g}x)")

@@ -26,13 +26,16 @@ def machine() -> dict[str, object]:
     }
 
 
-def save(name: str, rows: list[dict], extra: dict | None = None) -> Path:
-    """Write ``rows`` as docs/benchmarks/<name>.json (with machine facts) and <name>.csv."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **(extra or {}), "rows": rows}, indent=2))
+def save(name: str, rows: list[dict], extra: dict | None = None, out: Path = RESULTS,
+         facts: dict | None = None) -> Path:
+    """Write ``rows`` as <out>/<name>.json (with machine facts: ``facts``, or this machine's)
+    and <name>.csv; ``out`` defaults to docs/benchmarks/."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps({"machine": facts if facts is not None else machine(),
+                                **(extra or {}), "rows": rows}, indent=2))
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(RESULTS / f"{name}.csv", "w", newline="") as f:
+    with open(out / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         writer.writerows(rows)

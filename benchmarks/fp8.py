@@ -50,9 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import datetime
-import json
 import platform
 import sys
 import time
@@ -66,6 +64,7 @@ from torch import nn
 import amprewrite
 from amprewrite.float8 import Float8
 
+from . import common
 from .common import RESULTS, interleaved, table
 
 RECIPES = ("tensorwise", "rowwise")
@@ -343,15 +342,7 @@ def machine(device: str) -> dict:
 
 
 def save(out: Path, device: str, rows: list[dict], extra: dict) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fp8_{device}.json"
-    path.write_text(json.dumps({"machine": machine(device), **extra, "rows": rows}, indent=2))
-    columns = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / f"fp8_{device}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    return common.save(f"fp8_{device}", rows, extra, out=out, facts=machine(device))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

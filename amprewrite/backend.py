@@ -113,13 +113,23 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)
     root = _compiled_module()  # None outside a dynamo frame, or for a plain function
     declared = _declared(gm, example_inputs, root, policy.dtype) if root is not None else None
-    # The example inputs are the call's real tensors: their ranges are the values' facts. With
-    # symbolic sizes among them (dynamic shapes) the graph cannot run as it is: no ranges.
+    # The example inputs are the call's real tensors: their ranges (and float8's checks) are
+    # the values' facts. Under dynamic shapes dynamo passes each symbolic size as a SymInt next
+    # to the real tensors: its hint is this call's size, so the graph runs on this call.
+    values = tuple(_hint(v) for v in example_inputs)
     concrete = all((isinstance(v, (int, float, bool)) and not isinstance(v, torch.SymInt))
-                   or (isinstance(v, torch.Tensor) and not _fake(v)) for v in example_inputs)
-    gm = transform_graph(gm, policy, example_inputs=tuple(example_inputs) if concrete else None,
+                   or (isinstance(v, torch.Tensor) and not _fake(v)) for v in values)
+    gm = transform_graph(gm, policy, example_inputs=values if concrete else None,
                          declared=declared)
     return _inner_backend(inner)(gm, example_inputs)
+
+
+def _hint(v: object) -> object:
+    """A SymInt's size on this call (its hint), else ``v``."""
+    if isinstance(v, torch.SymInt):
+        hint = getattr(v.node, "hint", None)
+        return v if hint is None else int(hint)
+    return v
 
 
 def _fake(t: torch.Tensor) -> bool:

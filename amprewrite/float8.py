@@ -49,6 +49,7 @@ __all__ = [
     "configs",
     "errors",
     "linear",
+    "linear_eval",
     "linear_inference",
     "parse_fp8",
     "speedup",
@@ -233,10 +234,26 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     has ``input``'s dtype; ``weight`` may be the fp32 master weight (scaled from fp32, one
     rounding) or a bf16 copy."""
     config, mm = _CONFIGS[recipe] if recipe in _CONFIGS else configs(recipe)
-    out = _matmul().apply(input, weight.t(), mm, config)
+    # 2-D first, in the input's dtype: torchao flattens its float8 copy to 2-D anyway (the same
+    # rows, so the same scales), and a copy of a float8 tensor with row scales is not supported
+    # (a transposed attention input, diffusers' image attention)
+    x = input.reshape(-1, input.shape[-1])
+    out = _matmul().apply(x, weight.t(), mm, config)
+    out = out.reshape(*input.shape[:-1], out.shape[-1])
     if bias is not None:
         out = out + bias.to(out.dtype)
     return out
+
+
+def linear_eval(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                recipe: str) -> torch.Tensor:
+    """What an eval-mode graph calls: :func:`linear_inference` (plain ops, which export), or
+    :func:`linear` where a gradient is asked for (fine-tuning under ``model.eval()``, input
+    gradients): the same forward either way."""
+    if torch.is_grad_enabled() and not torch.compiler.is_exporting() and any(
+            t is not None and t.requires_grad for t in (input, weight, bias)):
+        return linear(input, weight, bias, recipe)
+    return linear_inference(input, weight, bias, recipe)
 
 
 def _scaled(t: torch.Tensor, dim: int | None, round_pow2: bool

@@ -314,3 +314,85 @@ def test_cli_fp8_flags(tmp_path):
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "float8: 2 of 2 linears" in report
     assert "fp8 (rowwise): 64x128 on 64 rows, cost model off (min_speedup=0)" in report
+
+
+def test_backend_checks_float8_on_the_call_under_dynamic_shapes():
+    """A second batch size makes dynamo pass the batch as a SymInt next to the real tensors:
+    the graph is checked on the call itself (the SymInt's hint), not left all bf16."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    verdicts = []
+
+    def inner(gm, example_inputs):
+        verdicts.append([n.meta["amp_float8"] for n in gm.graph.nodes
+                         if n.meta.get("amp_float8")])
+        return gm
+
+    fn = torch.compile(model, backend=amprewrite.backend(
+        inner=inner, dtype="bf16", fp8=Float8("rowwise", min_speedup=0)))
+    with torch.no_grad():
+        fn(torch.randn(8, 64))
+        fn(torch.randn(5, 64))
+    assert len(verdicts) == 2
+    assert all(v.startswith("fp8 (rowwise)") for v in verdicts[1]), verdicts[1]
+    assert "on 5 rows" in verdicts[1][0]
+
+
+class _Chain(nn.Module):
+    """Two float8 linears in a row, a method matmul and mm on weights, an image-attention input
+    (a transposed view: torchao copies it), and linears that K, N % 16 rule out."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 64), nn.Linear(64, 64)
+        self.w = nn.Parameter(torch.randn(64, 64) * 0.1)
+        self.v = nn.Parameter(torch.randn(64, 64) * 0.1)
+        self.small = nn.Linear(64, 10)
+
+    def forward(self, img):  # img: (B, 64, H, W)
+        x = img.flatten(2).transpose(1, 2)  # (B, HW, 64), not contiguous
+        h = self.b(self.a(x))
+        h = h.matmul(self.w)
+        h = h.reshape(-1, 64).mm(self.v)
+        return self.small(h)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("train", [False, True])
+def test_chains_method_matmuls_and_transposed_inputs(recipe, train):
+    torch.manual_seed(0)
+    model = _Chain().train(train)
+    img = torch.randn(2, 64, 4, 4)
+    gm = amprewrite.transform(model, "bf16", example_inputs=(img,),
+                              fp8=Float8(recipe, min_speedup=0))
+    v = {d.node: d.fp8 for d in amprewrite.report(gm).decisions if d.fp8}
+    assert sum(x.startswith(f"fp8 ({recipe})") for x in v.values()) == 4, v  # a, b, matmul, mm
+    assert [x for x in v.values() if x.startswith("bf16")] == [
+        "bf16: 64x10 on 32 rows, float8 GEMMs need K and N divisible by 16"]
+    ref = model(img)
+    out = gm(img)
+    assert float((out - ref).norm() / ref.norm()) < 0.1
+    # an eval graph backpropagates too (fine-tuning under model.eval(), input gradients)
+    img.requires_grad_(True)
+    gm(img).square().sum().backward()
+    assert img.grad is not None and model.w.grad is not None
+    assert bool(torch.isfinite(model.w.grad).all())
+
+
+def test_include_still_needs_k_and_n_divisible_by_16():
+    model = nn.Sequential(nn.Linear(64, 10), nn.Linear(10, 64))
+    gm = amprewrite.transform(model, "bf16", example_inputs=(torch.randn(8, 64),),
+                              fp8=Float8(include=[nn.Linear]))
+    assert all(v.endswith("float8 GEMMs need K and N divisible by 16")
+               for v in _verdicts(gm).values())
+
+
+def test_a_user_input_matrix_is_not_a_weight():
+    class MatIn(nn.Module):
+        def forward(self, x, w):
+            return x @ w
+
+    gm = amprewrite.transform(MatIn(), "bf16",
+                              example_inputs=(torch.randn(8, 64), torch.randn(64, 64)), fp8=OFF)
+    assert _verdicts(gm) == {}

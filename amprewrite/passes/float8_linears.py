@@ -8,7 +8,8 @@ Matches (after the casts are placed, in a bf16 plan):
 Rewrite to:
     ``y = float8.linear(x_bf16, w, b.to(bf16), recipe)`` (torchao's Float8Linear forward and
     backward on the fp32 master weight; the weight's bf16 cast goes when nothing else reads it);
-    in eval mode ``float8.linear_inference``, the same forward in plain ops (it exports)
+    in eval mode ``float8.linear_eval``: the same forward in plain ops (it exports), torchao's
+    function where a gradient is asked for
 
 Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
 ``include``/``exclude`` selectors first, then the cost model (:func:`amprewrite.float8.speedup`
@@ -52,18 +53,31 @@ _LINEAR = frozenset(FAMILIES["linear"].functions)
 _MATMULS = _LINEAR | {torch.addmm, torch.mm, torch.matmul, operator.matmul}
 
 
+# Dynamo keeps ``x.mm(w)`` / ``x.matmul(w)`` / ``b.addmm(x, w)`` as method calls.
+_METHODS = {"mm": torch.mm, "matmul": torch.matmul, "addmm": torch.addmm}
+
+
+def _function(node: fx.Node) -> object:
+    """The torch function a call computes: its target, or the function a method call binds
+    like (``x.mm(w)`` is ``torch.mm(x, w)``)."""
+    if node.op == "call_function":
+        return node.target
+    return _METHODS.get(node.target) if node.op == "call_method" else None
+
+
 def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple | None:
     """(data, weight, bias, transposed) of a linear-like call, else None: ``linear(x, w, b)``
     with w (N, K); ``addmm(b, x, w)`` (beta = alpha = 1), ``mm(x, w)``, ``x @ w`` with w (K, N)."""
-    if node.target is operator.matmul:
+    fn = _function(node)
+    if fn is operator.matmul:
         return (*node.args, None, True) if len(node.args) == 2 and not node.kwargs else None
     args = arguments(gm, node)
     if args is None:
         return None
-    if node.target in _LINEAR:
+    if fn in _LINEAR:
         return ((args["input"], args["weight"], args["bias"], False)
                 if set(args) == {"input", "weight", "bias"} else None)
-    if node.target is torch.addmm:
+    if fn is torch.addmm:
         if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
             return None
         return args["mat1"], args["mat2"], args["input"], True
@@ -78,6 +92,7 @@ class _Candidate:
         self.errors: tuple[float, float] | None = None
         self.pays = 0.0  # the cost model's speedup
         self.transposed = False  # the weight is stored (K, N): addmm / matmul, not linear
+        self.failed: str | None = None  # why float8 could not run on the example inputs
 
 
 class _ErrorRecorder(fx.Interpreter):
@@ -102,7 +117,11 @@ class _ErrorRecorder(fx.Interpreter):
             x = self.env[c.x]
             b = self.env[c.b] if isinstance(c.b, fx.Node) else c.b
             w = self.kept[c.w]
-            c.errors = f8.errors(x, w.t() if c.transposed else w, b, self.recipe, self.low)
+            try:
+                c.errors = f8.errors(x, w.t() if c.transposed else w, b, self.recipe, self.low)
+            except Exception as exc:  # a float8 kernel that refuses these operands: bf16
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                c.failed = f"{type(exc).__name__}: {first}"
         return out
 
 
@@ -138,8 +157,13 @@ class Float8Linears(Pass):
     def _candidates(self, gm: fx.GraphModule, spec: f8.Float8):
         training = gm.training
         out, verdicts = [], {}
+        # The backend's graphs take parameters as inputs: a placeholder is a weight where the
+        # call hands it an nn.Parameter, never a user's input (transform's placeholders).
+        holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        given = self.example_inputs if isinstance(self.example_inputs, tuple) else ()
+        params = {n for n, v in zip(holders, given) if isinstance(v, torch.nn.Parameter)}
         for node in list(gm.graph.nodes):
-            if node.op != "call_function" or node.target not in _MATMULS:
+            if _function(node) not in _MATMULS:
                 continue
             if node.meta.get(M.CLASS) != Precision.LOW:
                 continue
@@ -149,7 +173,7 @@ class Float8Linears(Pass):
             x, w, b, transposed = found
             w = _source(w)
             if not (isinstance(x, fx.Node) and isinstance(w, fx.Node)
-                    and w.op in ("get_attr", "placeholder")):
+                    and (w.op == "get_attr" or w in params)):
                 continue
             xi, wi = M.info(x), M.info(w)
             if not (xi.shape and wi.shape and len(wi.shape) == 2 and None not in wi.shape
@@ -162,10 +186,10 @@ class Float8Linears(Pass):
             size = f"{k}x{n} on {c.m} rows"
             if any(matches(node, s) for s in spec.exclude):
                 verdicts[node] = f"bf16: {size}, excluded by fp8 exclude"
-            elif any(matches(node, s) for s in spec.include):
-                verdicts[node] = f"fp8 ({spec.recipe}): {size}, included by fp8 include"
             elif k % 16 or n % 16:
                 verdicts[node] = (f"bf16: {size}, float8 GEMMs need K and N divisible by 16")
+            elif any(matches(node, s) for s in spec.include):
+                verdicts[node] = f"fp8 ({spec.recipe}): {size}, included by fp8 include"
             else:
                 pays = f8.speedup(c.m, k, n, training, spec.target,
                                   weight_bytes=(wi.dtype or torch.float32).itemsize)
@@ -192,6 +216,8 @@ class Float8Linears(Pass):
     @staticmethod
     def _judge(c: _Candidate, spec: f8.Float8) -> str:
         size = f"{c.k}x{c.n} on {c.m} rows"
+        if c.failed is not None:
+            return f"bf16: {size}, float8 failed on the example inputs ({c.failed})"
         if c.errors is None:
             return f"bf16: {size}, not reached on the example inputs"
         e_low, e_fp8 = c.errors
@@ -207,17 +233,20 @@ class Float8Linears(Pass):
 
     def _rewrite(self, gm: fx.GraphModule, c: _Candidate, recipe: str, verdict: str) -> None:
         node = c.node
-        old_w = _operands(gm, node)[1]
+        # The operands as they are now: an earlier rewrite may have replaced the data input
+        # (two float8 linears in a row).
+        x, old_w, b, _ = _operands(gm, node)
         with gm.graph.inserting_before(node):
             # Train mode: torchao's autograd function (the recipe's backward); eval mode: its
-            # forward in plain ops, which torch.export takes (float8.linear_inference).
-            fn = f8.linear if gm.training else f8.linear_inference
+            # forward in plain ops, which torch.export takes, unless a gradient is asked for
+            # (float8.linear_eval).
+            fn = f8.linear if gm.training else f8.linear_eval
             w = gm.graph.call_function(torch.t, (c.w,)) if c.transposed else c.w
             if w is not c.w:
                 w.meta.update({k: v for k, v in node.meta.items() if k in M.PROVENANCE})
                 w.meta[M.ORIG] = M.ValueInfo("tensor", M.info(c.w).dtype, M.info(c.w).numel,
                                              shape=(c.n, c.k))
-            new = gm.graph.call_function(fn, (c.x, w, c.b, recipe))
+            new = gm.graph.call_function(fn, (x, w, b, recipe))
         new.meta.update(node.meta)
         name = node.name
         node.replace_all_uses_with(new)

@@ -1235,6 +1235,21 @@ def family_for_module(module_type: type) -> Family | None:
     return None
 
 
+# The matmul spellings that compute ``x @ w`` (``linear``: ``x @ w.T``, ``addmm``: ``b + x @ w``)
+# of two matrix operands and nothing else: what a float8 GEMM may replace (float8_linears).
+# ``dot``, ``inner``, ``outer``, ``einsum``, ``bmm`` and the rest of the matmul family do not.
+PLAIN_MATMULS = frozenset({F.linear, torch.matmul, torch.mm, torch.addmm, torch.linalg.matmul,
+                           operator.matmul})
+PLAIN_MATMUL_METHODS = frozenset({"matmul", "mm", "addmm"})
+
+
+def is_plain_matmul(node: fx.Node) -> bool:
+    """Is ``node`` one of :data:`PLAIN_MATMULS` (or the method spelling of one)?"""
+    if node.op == "call_function":
+        return node.target in PLAIN_MATMULS
+    return node.op == "call_method" and node.target in PLAIN_MATMUL_METHODS
+
+
 def family_of(node: fx.Node, module: nn.Module | None = None) -> Family | None:
     """The family of ``node``; ``module`` is the submodule a ``call_module`` node calls.
 

@@ -38,7 +38,7 @@ AdamW step, against the fp32 model's doing the same from the same weights), ``gr
 (training: relative L2 error of all parameter gradients of the first step against fp32's),
 ``fp8_linears`` / ``linears`` (linears in float8: amprewrite's report verdicts, torchao's
 ``Float8Linear`` modules) and, for amprewrite, ``fp8_calls`` (the graph's calls of
-``amprewrite.float8.linear`` / ``linear_inference``, which must equal the report's count) and
+``amprewrite.float8.linear`` / ``linear_eval``, which must equal the report's count) and
 ``first_call_s`` (the first call: compile). Writes ``fp8_<device>.{json,csv}`` under ``--out``
 (default docs/benchmarks/), the json with every amprewrite verdict.
 
@@ -154,8 +154,8 @@ def _amprewrite_counts(gm) -> tuple[int, int, int, dict]:
         key = d.module_path or d.node
         verdicts[key if key not in verdicts else f"{key} ({d.node})"] = d.fp8
     fp8 = sum(d.fp8.startswith("fp8") for d in judged)
-    calls = sum(n.op == "call_function" and n.target in (f8.linear, f8.linear_inference)
-                for n in gm.graph.nodes)
+    fns = (f8.linear, f8.linear_eval, f8.linear_inference)
+    calls = sum(n.op == "call_function" and n.target in fns for n in gm.graph.nodes)
     return fp8, calls, len(judged), verdicts
 
 
@@ -345,6 +345,47 @@ def save(out: Path, device: str, rows: list[dict], extra: dict) -> Path:
     return common.save(f"fp8_{device}", rows, extra, out=out, facts=machine(device))
 
 
+def zoo_rows(names: list[str], recipe: str = "rowwise") -> list[dict]:
+    """The chosen set on the zoo models (issue 38: "reported and stable"): each model in eval
+    mode on its example inputs, with ``fp8=Float8(recipe, min_speedup=0)`` (the cost model off:
+    nothing this small pays) and with ``fp8=recipe`` (the cost model on: an H100), against the
+    plain bf16 transform's output error."""
+    from amprewrite.testing import zoo
+    from amprewrite.verify import float_leaves, rel_err
+
+    builders = {**zoo.MODELS, **zoo.MORE}
+    rows = []
+    for name in names:
+        model, inputs = builders[name]()
+        model.eval()
+        refs = float_leaves(zoo.call(model, inputs))
+
+        def error(gm, refs=refs, inputs=inputs) -> float:
+            return max(rel_err(o, r) for o, r in zip(float_leaves(zoo.call(gm, inputs)), refs))
+
+        row: dict = {"model": name, "recipe": recipe}
+        try:
+            bf16 = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs)
+            off = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs,
+                                       fp8=Float8(recipe, min_speedup=0))
+            on = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs, fp8=recipe)
+        except Exception as exc:  # reported as a row: the table says what failed
+            row["failed"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            rows.append(row)
+            continue
+        v = [d.fp8 for d in amprewrite.report(off).decisions if d.fp8]
+        kept = sorted({x.split(", ", 2)[-1].split(" (")[0] for x in v if x.startswith("bf16")})
+        row.update({
+            "candidates": len(v), "fp8": sum(x.startswith("fp8") for x in v),
+            "fp8_cost_model_on": sum(d.fp8.startswith("fp8") for d in
+                                     amprewrite.report(on).decisions if d.fp8),
+            "err_bf16": error(bf16), "err_fp8": error(off), "bf16_reasons": "; ".join(kept)})
+        row["err_ratio"] = row["err_fp8"] / row["err_bf16"] if row["err_bf16"] else None
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks fp8", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,14 +405,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--eager", action="store_true",
                         help="no torch.compile (the test's setting: compiling takes minutes "
                              "on this CPU)")
+    parser.add_argument("--zoo", nargs="*", default=None, metavar="MODEL",
+                        help="instead: the chosen set on the zoo models (all without names), "
+                             "written to fp8_zoo.{json,csv}")
     parser.add_argument("--out", type=Path, default=RESULTS,
                         help="directory of fp8_<device>.{json,csv} (default docs/benchmarks)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.device == "cuda" and not cuda:
         parser.error("no CUDA device here: --device cpu (with --tiny) runs the CPU setting")
-    size = "tiny" if args.tiny else args.size or ("large" if args.device == "cuda" else "tiny")
     warnings.filterwarnings("ignore", message=".*AttentionInterface.*")
+    if args.zoo is not None:
+        from amprewrite.testing import zoo
+
+        names = args.zoo or [*zoo.MODELS, *zoo.MORE]
+        rows = zoo_rows(names, args.recipes[-1] if len(args.recipes) == 1 else "rowwise")
+        path = common.save("fp8_zoo", rows, {"command": " ".join(
+            ["python -m benchmarks fp8", *argv])}, out=args.out)
+        print(table(rows, list(dict.fromkeys(k for r in rows for k in r))))
+        print(f"saved {path}")
+        return rows
+    size = "tiny" if args.tiny else args.size or ("large" if args.device == "cuda" else "tiny")
     rows: list[dict] = []
     verdicts: dict = {}
     for task in args.tasks:

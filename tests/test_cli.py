@@ -53,7 +53,8 @@ def test_dump_writes_every_artefact(tmp_path):
     assert "fillcolor" in (out / "after.dot").read_text()
     passes = sorted(p.name for p in (out / "passes").iterdir())
     assert passes[0] == "00_capture.py" and passes[-1].endswith("verify.py")
-    assert passes[-3].endswith("store_params.py")
+    assert passes[-4].endswith("store_params.py")
+    assert passes[-3].endswith("float8_linears.py")
     assert passes[-2].endswith("recompute_islands.py")
     # Progress goes to stderr as plain lines when not on a terminal.
     assert "amprewrite: [1/4] loading" in done.stderr

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -167,6 +168,28 @@ def _candidates(gm: fx.GraphModule, rule: Rule) -> Iterable[fx.Node]:
     for target in rule.targets:
         found += graph.find_nodes(op=rule.op, target=target, sort=False)
     return sorted(found)
+
+
+def matmul_operands(node: fx.Node, args: dict[str, Any] | None
+                    ) -> tuple[dict[str, Any], str, str, str | None] | None:
+    """A matmul call's arguments by name (``args``: :func:`arguments`), and which of them are
+    the data, the weight and the bias: ``linear(input, weight, bias)``, ``addmm(input=bias,
+    mat1, mat2)`` (beta = alpha = 1), ``matmul(input, other)`` / ``mm(input, mat2)``, ``x @ w``;
+    None for other spellings."""
+    if node.target is operator.matmul and len(node.args) == 2 and not node.kwargs:
+        return {"input": node.args[0], "other": node.args[1]}, "input", "other", None
+    if args is None:
+        return None
+    keys = set(args)
+    if keys == {"input", "weight", "bias"}:
+        return args, "input", "weight", "bias"
+    if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
+        if args["beta"] != 1 or args["alpha"] != 1:
+            return None
+        return args, "mat1", "mat2", "input"
+    if keys in ({"input", "other"}, {"input", "mat2"}):
+        return args, "input", ("other" if "other" in keys else "mat2"), None
+    return None
 
 
 def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:

@@ -23,7 +23,6 @@ bf16, saying so.
 from __future__ import annotations
 
 import inspect
-import operator
 
 import torch
 from torch import fx
@@ -31,10 +30,10 @@ from torch import fx
 from .. import float8 as f8
 from .. import meta as M
 from ..capture import split_inputs
-from ..ops import FAMILIES, Precision
+from ..ops import Precision, is_plain_matmul
 from ..report import record
 from ..verify import replayed
-from .base import Kind, Pass, arguments
+from .base import Kind, Pass, arguments, matmul_operands
 from .paint_precision import matches
 
 __all__ = ["Float8Linears"]
@@ -47,42 +46,16 @@ def _source(value: object) -> object:
     return value
 
 
-_LINEAR = frozenset(FAMILIES["linear"].functions)
-# The matmul spellings whose second operand may be a (K, N) weight: addmm (GPT-2's Conv1D),
-# mm, matmul and ``@``.
-_MATMULS = _LINEAR | {torch.addmm, torch.mm, torch.matmul, operator.matmul}
-
-
-# Dynamo keeps ``x.mm(w)`` / ``x.matmul(w)`` / ``b.addmm(x, w)`` as method calls.
-_METHODS = {"mm": torch.mm, "matmul": torch.matmul, "addmm": torch.addmm}
-
-
-def _function(node: fx.Node) -> object:
-    """The torch function a call computes: its target, or the function a method call binds
-    like (``x.mm(w)`` is ``torch.mm(x, w)``)."""
-    if node.op == "call_function":
-        return node.target
-    return _METHODS.get(node.target) if node.op == "call_method" else None
-
-
 def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple | None:
-    """(data, weight, bias, transposed) of a linear-like call, else None: ``linear(x, w, b)``
-    with w (N, K); ``addmm(b, x, w)`` (beta = alpha = 1), ``mm(x, w)``, ``x @ w`` with w (K, N)."""
-    fn = _function(node)
-    if fn is operator.matmul:
-        return (*node.args, None, True) if len(node.args) == 2 and not node.kwargs else None
-    args = arguments(gm, node)
-    if args is None:
+    """(data, weight, bias, transposed) of a plain matmul, else None: ``linear(x, w, b)`` with
+    w (N, K); ``addmm(b, x, w)``, ``mm(x, w)``, ``x @ w`` with w (K, N) (``transposed``)."""
+    if not is_plain_matmul(node):
         return None
-    if fn in _LINEAR:
-        return ((args["input"], args["weight"], args["bias"], False)
-                if set(args) == {"input", "weight", "bias"} else None)
-    if fn is torch.addmm:
-        if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
-            return None
-        return args["mat1"], args["mat2"], args["input"], True
-    other = args.get("other", args.get("mat2"))
-    return (args["input"], other, None, True) if other is not None and len(args) == 2 else None
+    found = matmul_operands(node, arguments(gm, node))
+    if found is None:
+        return None
+    args, data, weight, bias = found
+    return args[data], args[weight], args.get(bias) if bias else None, weight != "weight"
 
 
 class _Candidate:
@@ -163,8 +136,6 @@ class Float8Linears(Pass):
         given = self.example_inputs if isinstance(self.example_inputs, tuple) else ()
         params = {n for n, v in zip(holders, given) if isinstance(v, torch.nn.Parameter)}
         for node in list(gm.graph.nodes):
-            if _function(node) not in _MATMULS:
-                continue
             if node.meta.get(M.CLASS) != Precision.LOW:
                 continue
             found = _operands(gm, node)

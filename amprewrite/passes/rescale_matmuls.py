@@ -29,7 +29,7 @@ from torch import fx
 from .. import meta as M
 from ..ops import FAMILIES, Precision
 from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
-from .base import Kind, Match, Replacement, Rule, RulePass
+from .base import Kind, Match, Replacement, Rule, RulePass, matmul_operands
 
 __all__ = ["RescaleMatmuls"]
 
@@ -46,32 +46,11 @@ def _scaled(m: Match, value: fx.Node, s: float) -> fx.Node:
     return node
 
 
-def _operands(m: Match) -> tuple[dict, str, str, str | None] | None:
-    """The call's arguments by name, and which of them are the data, the weight and the bias:
-    ``linear(input, weight, bias)``, ``addmm(input=bias, mat1, mat2)`` (beta = alpha = 1),
-    ``matmul(input, other)`` / ``mm``, ``bmm(input, mat2)``; None for other matmul spellings."""
-    node, args = m.node, m.args
-    if node.target is operator.matmul and len(node.args) == 2 and not node.kwargs:
-        return {"input": node.args[0], "other": node.args[1]}, "input", "other", None
-    if args is None:
-        return None
-    keys = set(args)
-    if keys == {"input", "weight", "bias"}:
-        return args, "input", "weight", "bias"
-    if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
-        if args["beta"] != 1 or args["alpha"] != 1:
-            return None
-        return args, "mat1", "mat2", "input"
-    if keys in ({"input", "other"}, {"input", "mat2"}):
-        return args, "input", ("other" if "other" in keys else "mat2"), None
-    return None
-
-
 def _rescale(m: Match) -> Replacement | None:
     low = m.policy.dtype
     node = m.node
     out = _range(node)
-    found = _operands(m)
+    found = matmul_operands(m.node, m.args)
     if found is None or out is None or M.info(node).dtype != torch.float32:
         return None
     args, data_key, weight_key, bias_key = found

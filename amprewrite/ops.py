@@ -1239,7 +1239,10 @@ def family_for_module(module_type: type) -> Family | None:
 # of two matrix operands and nothing else: what a float8 GEMM may replace (float8_linears).
 # ``dot``, ``inner``, ``outer``, ``einsum``, ``bmm`` and the rest of the matmul family do not.
 PLAIN_MATMULS = frozenset({F.linear, torch.matmul, torch.mm, torch.addmm, torch.linalg.matmul,
-                           operator.matmul})
+                           operator.matmul,
+                           # capture="export" graphs: the ATen overloads
+                           torch.ops.aten.linear.default, torch.ops.aten.matmul.default,
+                           torch.ops.aten.mm.default, torch.ops.aten.addmm.default})
 PLAIN_MATMUL_METHODS = frozenset({"matmul", "mm", "addmm"})
 
 

@@ -396,3 +396,18 @@ def test_a_user_input_matrix_is_not_a_weight():
     gm = amprewrite.transform(MatIn(), "bf16",
                               example_inputs=(torch.randn(8, 64), torch.randn(64, 64)), fp8=OFF)
     assert _verdicts(gm) == {}
+
+
+@pytest.mark.parametrize("options", [{"capture": "export"}, {"params": "low"}])
+def test_export_capture_and_low_params_take_float8_too(options):
+    """capture="export" graphs spell linears as ATen overloads (aten.linear.default);
+    params="low" hands the float8 linear a stored bf16 weight instead of the fp32 one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(8, 64)
+    gm = amprewrite.transform(model, "bf16", example_inputs=(x,),
+                              fp8=Float8("rowwise", min_speedup=0), **options)
+    v = _verdicts(gm)
+    assert len(v) == 2 and all(s.startswith("fp8 (rowwise)") for s in v.values()), v
+    with torch.no_grad():
+        assert float((gm(x) - model(x)).norm() / model(x).norm()) < 0.1

@@ -174,21 +174,22 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
                     ) -> tuple[dict[str, Any], str, str, str | None] | None:
     """A matmul call's arguments by name (``args``: :func:`arguments`), and which of them are
     the data, the weight and the bias: ``linear(input, weight, bias)``, ``addmm(input=bias,
-    mat1, mat2)`` (beta = alpha = 1), ``matmul(input, other)`` / ``mm(input, mat2)``, ``x @ w``;
-    None for other spellings."""
+    mat1, mat2)`` (beta = alpha = 1), ``matmul(input, other)`` / ``mm(input, mat2)``, ``x @ w``,
+    and their ATen overloads (``self`` for ``input``); None for other spellings."""
     if node.target is operator.matmul and len(node.args) == 2 and not node.kwargs:
         return {"input": node.args[0], "other": node.args[1]}, "input", "other", None
     if args is None:
         return None
-    keys = set(args)
+    data = "self" if "self" in args else "input"  # an ATen overload names it self
+    keys = set(args) - {data} | {"input"}
     if keys == {"input", "weight", "bias"}:
-        return args, "input", "weight", "bias"
+        return args, data, "weight", "bias"
     if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
         if args["beta"] != 1 or args["alpha"] != 1:
             return None
-        return args, "mat1", "mat2", "input"
+        return args, "mat1", "mat2", data
     if keys in ({"input", "other"}, {"input", "mat2"}):
-        return args, "input", ("other" if "other" in keys else "mat2"), None
+        return args, data, ("other" if "other" in keys else "mat2"), None
     return None
 
 

@@ -29,6 +29,8 @@ True
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -194,8 +196,26 @@ def _matmul():
 _MATMUL = None
 
 
+@contextlib.contextmanager
+def _quiet_import():
+    """torchao's import logs a warning per compiled extension it cannot load (its CUDA kernels,
+    on a CPU machine; float8 training does not use them) and torch one per Enum it registers:
+    noise in the user's transform, so held back while amprewrite imports it."""
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _torchao():
     try:
+        with _quiet_import():
+            import torchao.float8  # noqa: F401
         from torchao.float8 import Float8LinearConfig
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
         from torchao.float8.float8_training_tensor import LinearMMConfig, ScaledMMConfig

@@ -1,7 +1,7 @@
 """float8: the linears a bf16 transform runs in float8, chosen and checked by amprewrite.
 
 ``transform(model, "bf16", example_inputs=..., fp8=True)`` (or ``fp8="rowwise"``, or a
-:class:`Float8`) runs a linear in float8 where two facts say it should (DESIGN.md, "float8"):
+:class:`Float8`) runs a linear in float8 where two facts say it should (docs/guide.md, "float8"):
 
 - **it pays**: a roofline of the matmul on a named GPU (:data:`TARGETS`), with the scaling's
   extra passes over the input and the weight, its float8 GEMM against the bf16 one, forward (and

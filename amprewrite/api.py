@@ -141,7 +141,8 @@ def transform(
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
                     on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
                     capture=capture, calibration=calibration, overflow=overflow, fp8=fp8)
-    if policy.fp8 is not None and example_inputs is None:
+    if policy.fp8 is not None and example_inputs is None and not (
+            is_exported_program(model) and getattr(model, "example_inputs", None)):
         raise PolicyError(
             "fp8 chooses each float8 linear by its size on the inputs and checks its numerics "
             "on them, so it needs example_inputs=(...) (or calibration=[...]); without inputs "

@@ -50,8 +50,8 @@ __all__ = [
     "check_factor",
     "configs",
     "errors",
+    "graph_linear",
     "linear",
-    "linear_eval",
     "linear_inference",
     "parse_fp8",
     "speedup",
@@ -265,11 +265,12 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return out
 
 
-def linear_eval(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                recipe: str) -> torch.Tensor:
-    """What an eval-mode graph calls: :func:`linear_inference` (plain ops, which export), or
-    :func:`linear` where a gradient is asked for (fine-tuning under ``model.eval()``, input
-    gradients): the same forward either way."""
+def graph_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 recipe: str) -> torch.Tensor:
+    """What a transformed graph calls for a float8 linear: :func:`linear` (torchao's autograd
+    function, the recipe's backward) where a gradient is asked for, else
+    :func:`linear_inference` (plain ops, which ``torch.export`` takes: always while exporting).
+    The same forward either way, bit for bit."""
     if torch.is_grad_enabled() and not torch.compiler.is_exporting() and any(
             t is not None and t.requires_grad for t in (input, weight, bias)):
         return linear(input, weight, bias, recipe)

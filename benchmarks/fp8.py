@@ -38,7 +38,7 @@ AdamW step, against the fp32 model's doing the same from the same weights), ``gr
 (training: relative L2 error of all parameter gradients of the first step against fp32's),
 ``fp8_linears`` / ``linears`` (linears in float8: amprewrite's report verdicts, torchao's
 ``Float8Linear`` modules) and, for amprewrite, ``fp8_calls`` (the graph's calls of
-``amprewrite.float8.linear`` / ``linear_eval``, which must equal the report's count) and
+``amprewrite.float8.graph_linear``, which must equal the report's count) and
 ``first_call_s`` (the first call: compile). Writes ``fp8_<device>.{json,csv}`` under ``--out``
 (default docs/benchmarks/), the json with every amprewrite verdict.
 
@@ -154,7 +154,7 @@ def _amprewrite_counts(gm) -> tuple[int, int, int, dict]:
         key = d.module_path or d.node
         verdicts[key if key not in verdicts else f"{key} ({d.node})"] = d.fp8
     fp8 = sum(d.fp8.startswith("fp8") for d in judged)
-    fns = (f8.linear, f8.linear_eval, f8.linear_inference)
+    fns = (f8.graph_linear, f8.linear, f8.linear_inference)
     calls = sum(n.op == "call_function" and n.target in fns for n in gm.graph.nodes)
     return fp8, calls, len(judged), verdicts
 

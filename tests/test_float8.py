@@ -213,7 +213,7 @@ def test_backend_option():
     def inner(gm, example_inputs):
         seen.extend(n.meta.get("amp_float8") for n in gm.graph.nodes
                     if n.meta.get("amp_float8"))
-        assert sum(n.target is f8.linear for n in gm.graph.nodes) == 2, seen
+        assert sum(n.target is f8.graph_linear for n in gm.graph.nodes) == 2, seen
         return gm
 
     torch._dynamo.reset()
@@ -415,3 +415,14 @@ def test_export_capture_and_low_params_take_float8_too(options):
     assert len(v) == 2 and all(s.startswith("fp8 (rowwise)") for s in v.values()), v
     with torch.no_grad():
         assert float((gm(x) - model(x)).norm() / model(x).norm()) < 0.1
+
+
+def test_exported_program_transforms_with_fp8_on_its_own_example_inputs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+    x = torch.randn(8, 64)
+    ep = amprewrite.transform(torch.export.export(model, (x,)), "bf16", fp8=FAST)
+    assert type(ep).__name__ == "ExportedProgram"
+    assert sum(n.target is torch.ops.aten._scaled_mm.default for n in ep.graph.nodes) == 2
+    with torch.no_grad():
+        assert float((ep.module()(x) - model(x)).norm() / model(x).norm()) < 0.1

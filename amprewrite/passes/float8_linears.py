@@ -6,10 +6,10 @@ Matches (after the casts are placed, in a bf16 plan):
     the weight matmuls ``addmm(b, x, w)`` (GPT-2's Conv1D), ``mm(x, w)``, ``x @ w`` (w.t()
     is the linear's weight)
 Rewrite to:
-    ``y = float8.linear(x_bf16, w, b.to(bf16), recipe)`` (torchao's Float8Linear forward and
-    backward on the fp32 master weight; the weight's bf16 cast goes when nothing else reads it);
-    in eval mode ``float8.linear_eval``: the same forward in plain ops (it exports), torchao's
-    function where a gradient is asked for
+    ``y = float8.graph_linear(x_bf16, w, b.to(bf16), recipe)``: torchao's Float8Linear forward
+    and backward on the fp32 master weight where a gradient is asked for, the same forward in
+    plain ops otherwise (inference, and always under torch.export); the weight's bf16 cast goes
+    when nothing else reads it
 
 Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
 ``include``/``exclude`` selectors first, then the cost model (:func:`amprewrite.float8.speedup`
@@ -208,10 +208,7 @@ class Float8Linears(Pass):
         # (two float8 linears in a row).
         x, old_w, b, _ = _operands(gm, node)
         with gm.graph.inserting_before(node):
-            # Train mode: torchao's autograd function (the recipe's backward); eval mode: its
-            # forward in plain ops, which torch.export takes, unless a gradient is asked for
-            # (float8.linear_eval).
-            fn = f8.linear if gm.training else f8.linear_eval
+            fn = f8.graph_linear  # torchao's function, or plain ops where no gradient is asked
             w = gm.graph.call_function(torch.t, (c.w,)) if c.transposed else c.w
             if w is not c.w:
                 w.meta.update({k: v for k, v in node.meta.items() if k in M.PROVENANCE})

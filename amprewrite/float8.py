@@ -265,13 +265,18 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return out
 
 
+def _exporting() -> bool:
+    check = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.6
+    return bool(check()) if check is not None else False
+
+
 def graph_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  recipe: str) -> torch.Tensor:
     """What a transformed graph calls for a float8 linear: :func:`linear` (torchao's autograd
     function, the recipe's backward) where a gradient is asked for, else
     :func:`linear_inference` (plain ops, which ``torch.export`` takes: always while exporting).
     The same forward either way, bit for bit."""
-    if torch.is_grad_enabled() and not torch.compiler.is_exporting() and any(
+    if torch.is_grad_enabled() and not _exporting() and any(
             t is not None and t.requires_grad for t in (input, weight, bias)):
         return linear(input, weight, bias, recipe)
     return linear_inference(input, weight, bias, recipe)

@@ -28,7 +28,6 @@ import copy
 import dataclasses
 import functools
 import inspect
-import logging
 import operator
 import os
 import sys
@@ -55,6 +54,7 @@ from .graphmodule import (
 )
 from .modules import buffer_clone_copy, get_attr, has_attr, rebuild, share_copy, tensor_names
 from .ops import family_of
+from .progress import quiet_loggers
 from .report import POLICY_KEY, REPORT_KEY
 from .shapes import BATCH, InputGuard, capture_spec, flat_inputs
 
@@ -849,20 +849,11 @@ def annotate_dynamo_graph(graph: fx.Graph) -> None:
                 M.fake_value(node))
 
 
-@contextlib.contextmanager
 def _quiet_loggers():
     """Silence dynamo's internal logging (shape warnings, fake-tensor tracebacks of a failing
     op); real failures still raise and are reported as one CaptureError."""
-    loggers = [logging.getLogger(n) for n in ("torch.fx.experimental.symbolic_shapes",
-                                              "torch._dynamo", "torch._subclasses.fake_tensor")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+    return quiet_loggers("torch.fx.experimental.symbolic_shapes", "torch._dynamo",
+                         "torch._subclasses.fake_tensor", level=50)
 
 
 def _inline_recomputed(graph: fx.Graph, owner: fx.GraphModule) -> None:

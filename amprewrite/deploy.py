@@ -32,7 +32,7 @@ from .errors import AmpRewriteError, PolicyError
 from .float8 import check_factor
 from .policy import parse_dtype
 from .portable import foreign_types, loads_alone, plain, portable_module
-from .progress import status
+from .progress import quiet_loggers, status
 from .report import text_table
 from .shapes import BATCH, capture_spec
 from .verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
@@ -421,15 +421,9 @@ def _quiet() -> Iterator[None]:
     """Silence torch.onnx's warnings (it lists the torchvision ops it skips) and FutureWarnings
     (torch's pytree warns about its own deprecations when a program is pickled): noise about
     torch's internals, nothing a user of the artefact can act on."""
-    log = logging.getLogger("torch.onnx")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            yield
-    finally:
-        log.setLevel(level)
+    with quiet_loggers("torch.onnx"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 # --- loading back ---------------------------------------------------------------------------

@@ -29,8 +29,6 @@ True
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -39,6 +37,7 @@ import torch.nn.functional as F
 
 from . import meta as M
 from .errors import PolicyError
+from .progress import quiet_loggers
 
 __all__ = [
     "E4M3_VS_BF16",
@@ -196,25 +195,11 @@ def _matmul():
 _MATMUL = None
 
 
-@contextlib.contextmanager
-def _quiet_import():
-    """torchao's import logs a warning per compiled extension it cannot load (its CUDA kernels,
-    on a CPU machine; float8 training does not use them) and torch one per Enum it registers:
-    noise in the user's transform, so held back while amprewrite imports it."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
-
-
 def _torchao():
     try:
-        with _quiet_import():
+        # torchao logs a warning per compiled extension it cannot load (its CUDA kernels, on a
+        # CPU; float8 training does not use them), torch one per Enum torchao registers
+        with quiet_loggers("torchao", "torch.utils._pytree"):
             import torchao.float8  # noqa: F401
         from torchao.float8 import Float8LinearConfig
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args

@@ -207,3 +207,21 @@ def transform_progress(show: bool | None, label: str = "amprewrite.transform"
     with Steps(None, log=True, log_status=True, label=label) as steps:
         steps.step(label if steps.show else "started")
         yield
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str, level: int = 40) -> Iterator[None]:
+    """Raise the named loggers to ``level`` (default ``logging.ERROR``) for the block: torch's
+    and torchao's internal log lines are noise in a user's transform (dynamo's shape warnings,
+    torch.onnx's list of skipped ops, torchao's unloadable CUDA extensions on a CPU)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, old in zip(loggers, levels):
+            lg.setLevel(old)

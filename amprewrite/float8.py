@@ -33,7 +33,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from . import meta as M
 from .errors import PolicyError
@@ -48,7 +47,6 @@ __all__ = [
     "accepted",
     "check_factor",
     "configs",
-    "errors",
     "graph_linear",
     "linear",
     "linear_inference",
@@ -238,7 +236,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     ``torchao.float8.Float8Linear`` computes (its ``forward``, on the same weight). The output
     has ``input``'s dtype; ``weight`` may be the fp32 master weight (scaled from fp32, one
     rounding) or a bf16 copy."""
-    config, mm = _CONFIGS[recipe] if recipe in _CONFIGS else configs(recipe)
+    config, mm = configs(recipe)
     # 2-D first, in the input's dtype: torchao flattens its float8 copy to 2-D anyway (the same
     # rows, so the same scales), and a copy of a float8 tensor with row scales is not supported
     # (a transposed attention input, diffusers' image attention)
@@ -285,7 +283,7 @@ def linear_inference(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     for bit (tests/test_float8.py): what an eval-mode graph calls. torchao's float8 tensor
     subclass does not go through ``torch.export`` (torch 2.13: "Unable to cast NotImplemented to
     Tensor"), these ops do, so an fp8 graph exports to a ``.pt2``. No backward."""
-    config, _ = _CONFIGS[recipe] if recipe in _CONFIGS else configs(recipe)
+    config, _ = configs(recipe)
     rowwise = recipe != "tensorwise"
     pow2 = config.round_scales_to_power_of_2
     x = input.reshape(-1, input.shape[-1])
@@ -314,25 +312,6 @@ def check_factor(gm: object) -> float:
     nodes = getattr(getattr(gm, "graph", None), "nodes", ())
     chosen = any(str(n.meta.get(M.FLOAT8, "")).startswith("fp8") for n in nodes)
     return E4M3_VS_BF16 if chosen else 1.0
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    den = float(ref.norm())
-    return float((out.double() - ref).norm()) / den if den > 0 else float(
-        (out.double() - ref).norm())
-
-
-@torch.no_grad()
-def errors(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: str,
-           low: torch.dtype = torch.bfloat16) -> tuple[float, float]:
-    """(bf16 error, float8 error) of one linear on these operands: the relative L2 error of
-    ``F.linear`` in ``low`` and of :func:`linear` against fp64."""
-    ref = F.linear(input.double(), weight.double(), None if bias is None else bias.double())
-    x = input.to(low)
-    b = None if bias is None else bias.to(low)
-    e_low = _rel(F.linear(x, weight.to(low), b), ref)
-    e_fp8 = _rel(linear(x, weight, b, recipe), ref)
-    return e_low, e_fp8
 
 
 def accepted(e_low: float, e_fp8: float, bound: float) -> tuple[bool, float]:

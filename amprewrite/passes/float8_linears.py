@@ -15,7 +15,7 @@ Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
 ``include``/``exclude`` selectors first, then the cost model (:func:`amprewrite.float8.speedup`
 on the example inputs' rows), then the numerics check: the graph runs once on the example
 inputs and each candidate's float8 error on its own inputs is compared with its bf16 error
-(:func:`amprewrite.float8.errors`; docs/guide.md, "float8", and docs/design-notes.md). Without
+(:func:`errors`; docs/guide.md, "float8", and docs/design-notes.md). Without
 example inputs (fake inputs in the backend, a checkpointed region's body) nothing is measured
 and every linear stays bf16, saying so.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import fx
 
 from .. import float8 as f8
@@ -32,11 +33,11 @@ from .. import meta as M
 from ..capture import split_inputs
 from ..ops import Precision, is_plain_matmul
 from ..report import record
-from ..verify import replayed
+from ..verify import rel_err, replayed
 from .base import Kind, Pass, arguments, matmul_operands
 from .paint_precision import matches
 
-__all__ = ["Float8Linears"]
+__all__ = ["Float8Linears", "errors"]
 
 
 def _source(value: object) -> object:
@@ -56,6 +57,18 @@ def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple | None:
         return None
     args, data, weight, bias = found
     return args[data], args[weight], args.get(bias) if bias else None, weight != "weight"
+
+
+@torch.no_grad()
+def errors(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: str,
+           low: torch.dtype = torch.bfloat16) -> tuple[float, float]:
+    """(bf16 error, float8 error) of one linear on these operands: the relative L2 error of
+    ``F.linear`` in ``low`` and of :func:`amprewrite.float8.linear` against fp64."""
+    ref = F.linear(input.double(), weight.double(), None if bias is None else bias.double())
+    x = input.to(low)
+    b = None if bias is None else bias.to(low)
+    return (rel_err(F.linear(x, weight.to(low), b), ref),
+            rel_err(f8.linear(x, weight, b, recipe), ref))
 
 
 class _Candidate:
@@ -91,7 +104,7 @@ class _ErrorRecorder(fx.Interpreter):
             b = self.env[c.b] if isinstance(c.b, fx.Node) else c.b
             w = self.kept[c.w]
             try:
-                c.errors = f8.errors(x, w.t() if c.transposed else w, b, self.recipe, self.low)
+                c.errors = errors(x, w.t() if c.transposed else w, b, self.recipe, self.low)
             except Exception as exc:  # a float8 kernel that refuses these operands: bf16
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 c.failed = f"{type(exc).__name__}: {first}"

@@ -35,7 +35,7 @@ def transform(
     *,
     example_inputs: object = None,
     calibration: Iterable[object] = (),
-    overflow: str = "fp32",
+    overflow: str = "auto",
     fp8: object = None,
     keep_fp32: Iterable[Selector] = (),
     allow_low: Iterable[Selector] = (),
@@ -68,8 +68,10 @@ def transform(
             fp32, with the reason in the report. Without ``example_inputs`` the first batch
             is the example inputs. Verification runs on the example inputs only.
         overflow: what a value past fp16's range (on the example inputs and calibration
-            batches) gets: ``"fp32"`` (default) computes and stores it in fp32, the most
-            accurate; ``"rescale"`` runs a linear or matmul whose result passes it in fp16 on
+            batches) gets: ``"fp32"`` computes and stores it in fp32, the most accurate;
+            ``"auto"`` (default) does the same unless that leaves under half of the matmul
+            FLOPs in fp16, then rescales matmuls from the output backwards until half are;
+            ``"rescale"`` runs a linear or matmul whose result passes it in fp16 on
             its weight scaled by a power of two and scales the result back in fp32 (exact):
             its FLOPs stay in fp16, its result carries fp16's rounding.
         fp8: with ``dtype=torch.bfloat16`` and ``example_inputs``, run in float8 the linears

@@ -643,6 +643,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="more input batches whose value ranges the plan reads: a function "
                         "(or iterable) in a file returning an iterable of batches, each like "
                         "the example inputs")
+    p.add_argument("--overflow", choices=("auto", "fp32", "rescale"), default="auto",
+                   help="fp16 with inputs: what a value past fp16's range gets (auto, the "
+                        "default: fp32 unless that leaves under half the matmul FLOPs in fp16; "
+                        "fp32; rescale)")
     p.add_argument("--fp8", nargs="?", const="tensorwise", default=None, metavar="RECIPE",
                    help="bf16 with inputs: run in float8 the linears that pay on an H100 and "
                         "pass the per-layer numerics check (recipe: tensorwise, the default, "
@@ -653,9 +657,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _selector_flags(args: argparse.Namespace) -> dict:
-    """transform's keep_fp32 / allow_low / calibration keywords from the common flags."""
+    """transform's keep_fp32 / allow_low / calibration / overflow / fp8 keywords from the
+    common flags."""
     out: dict = {"keep_fp32": tuple(getattr(args, "keep_fp32", ()) or ()),
-                 "allow_low": tuple(getattr(args, "allow_low", ()) or ())}
+                 "allow_low": tuple(getattr(args, "allow_low", ()) or ()),
+                 "overflow": getattr(args, "overflow", "auto")}
     spec = getattr(args, "calibration", None)
     if spec:
         from .target import load_batches

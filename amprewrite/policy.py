@@ -138,8 +138,10 @@ class Policy:
     # With example inputs: how the model is captured (see CAPTURES).
     capture: Literal["dynamo", "export"] = "dynamo"
     # fp16 values past the range (with headroom): "fp32" computes and stores them in fp32;
-    # "rescale" runs a matmul whose result passes it low on its weight scaled by 2**-k.
-    overflow: Literal["fp32", "rescale"] = "fp32"
+    # "rescale" runs a matmul whose result passes it low on its weight scaled by 2**-k;
+    # "auto" is "fp32" unless that leaves under half the matmul FLOPs in fp16, then rescales
+    # from the output backwards until half are (passes/rescale_matmuls.py).
+    overflow: Literal["auto", "fp32", "rescale"] = "auto"
     # More input batches whose value ranges the plan reads besides the example inputs'
     # (transform(calibration=...)); data, not options: not compared, hashed or shown.
     calibration: tuple = field(default=(), hash=False, compare=False, repr=False)
@@ -197,12 +199,13 @@ class Policy:
                 "traced with torch.fx.symbolic_trace."
             )
         object.__setattr__(self, "calibration", calibration_batches(self.calibration))
-        if self.overflow not in ("fp32", "rescale"):
+        if self.overflow not in ("auto", "fp32", "rescale"):
             raise PolicyError(
-                f"overflow must be 'fp32' (values past fp16's range computed and stored in "
-                f"fp32, the default) or 'rescale' (a matmul whose result passes it runs in fp16 "
-                f"on its weight scaled by a power of two, scaled back in fp32), got "
-                f"{self.overflow!r}."
+                f"overflow must be 'auto' (the default: 'fp32', unless that leaves under half "
+                f"of the matmul FLOPs in fp16, then 'rescale' from the output backwards until "
+                f"half are), 'fp32' (values past fp16's range computed and stored in fp32) or "
+                f"'rescale' (a matmul whose result passes it runs in fp16 on its weight scaled "
+                f"by a power of two, scaled back in fp32), got {self.overflow!r}."
             )
         if not isinstance(self.verify, bool):
             raise PolicyError(f"verify must be True or False, got {self.verify!r}.")

@@ -8,10 +8,11 @@ For each case, in fp16 with example inputs and no selector from the user:
 
 - ``fp32_max``: the largest finite magnitude of any fp32 value; ``by_op_type``: whether the plan
   decided by op type alone (no example inputs, ranges unknown) returns finite outputs;
-- ``err``: the output error of the default plan (``overflow="fp32"``) against fp32 (relative L2,
+- ``err``: the output error of the default plan (``overflow="auto"``) against fp32 (relative L2,
   the worst output), ``err_by_hand``: the same graph with the overflowing modules kept fp32 by
   hand (``case.by_hand``), and their ratio; ``flops_low``: the share of matmul FLOPs in fp16;
-- the same for ``overflow="rescale"``;
+  ``rescaled``: how many matmuls the default rescaled;
+- the same for ``overflow="fp32"`` (``_fp32``) and ``overflow="rescale"`` (``_rescale``);
 - ``ranges_ms`` / ``transform_ms``: record_ranges' time and the whole transform's (median of
   ``--repeats`` transforms in one process, verification included), and their ratio; the same
   on zoo models (``--zoo``), saved under ``cost``.
@@ -59,7 +60,7 @@ def measure(name: str, repeats: int) -> dict:
     hand = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
                                 keep_fp32=case.by_hand, verify=False)
     row["err_by_hand"] = _error(hand, case)
-    for mode in ("fp32", "rescale"):
+    for mode in ("auto", "fp32", "rescale"):
         totals, ranges = [], []
         for _ in range(repeats):
             gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
@@ -68,12 +69,14 @@ def measure(name: str, repeats: int) -> dict:
             totals.append(timings["total"])
             ranges.append(timings.get("record_ranges", 0.0))
         low, total = overflow.matmul_flops(gm)
-        key = "" if mode == "fp32" else "_rescale"
+        key = "" if mode == "auto" else f"_{mode}"
         row[f"finite{key}"] = _finite(gm, case)
         row[f"err{key}"] = _error(gm, case)
         row[f"vs_hand{key}"] = row[f"err{key}"] / row["err_by_hand"] if row["err_by_hand"] else 1.0
         row[f"flops_low{key}"] = low / total if total else 0.0
-        if mode == "fp32":
+        if mode == "auto":
+            row["rescaled"] = sum(r.pass_name == "rescale_matmuls"
+                                  for r in amprewrite.report(gm).rewrites)
             row["fp32_max"] = _fp32_max(gm)
             row["transform_ms"] = statistics.median(totals) * 1e3
             row["ranges_ms"] = statistics.median(ranges) * 1e3
@@ -115,7 +118,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if costs:
         print(table(costs, ["model", "nodes", "ranges_ms", "transform_ms", "ranges_share"]))
     print(table(rows, ["case", "fp32_max", "by_op_type", "finite", "err", "err_by_hand",
-                       "vs_hand", "flops_low", "err_rescale", "vs_hand_rescale",
+                       "vs_hand", "flops_low", "rescaled", "vs_hand_fp32", "flops_low_fp32",
+                       "err_rescale", "vs_hand_rescale",
                        "flops_low_rescale", "ranges_ms", "transform_ms", "ranges_share"]))
     return rows
 

@@ -32,10 +32,10 @@ def _error(gm, case) -> float:
     return max(rel_err(o, r) for o, r in zip(outs, refs))
 
 
-# The share of matmul FLOPs the default plan keeps in fp16 on each case (measured; GPT-2's two
-# overflowing MLPs are 56% of its matmul FLOPs, so fp32 leaves 44%: overflow="rescale" keeps 72%).
-FLOPS_LOW = {"t5_ff": 0.5, "scores": 0.9, "residual": 0.6, "gpt2": 0.44, "llama": 0.6,
-             "t5": 0.6}
+# The issue's goal on every case: the default plan keeps at least half of the matmul FLOPs in
+# fp16 (GPT-2's two overflowing MLPs are 56% of them: overflow="auto" rescales the last one's
+# up projection, 58% low, where overflow="fp32" leaves 44%).
+FLOPS_LOW = 0.5
 
 
 def _check_case(case) -> None:
@@ -49,7 +49,7 @@ def _check_case(case) -> None:
     hand_error = _error(by_hand, case)
     assert error <= 1.5 * hand_error + 1e-6, (error, hand_error)
     low, total = overflow.matmul_flops(gm)
-    assert low >= FLOPS_LOW[case.name] * total, (low, total)
+    assert low >= FLOPS_LOW * total, (low, total)
     reasons = [d.reason for d in amprewrite.report(gm).decisions if d.reason.startswith("range:")]
     assert reasons and all("> fp16 max 65504 / headroom 16" in r for r in reasons), reasons
 
@@ -80,7 +80,8 @@ def test_real_architectures_scaled_until_they_overflow(name):
 @pytest.mark.parametrize("name", ["t5_ff", pytest.param("gpt2", marks=pytest.mark.slow)])
 def test_overflow_rescale_keeps_more_matmul_flops_low(name):
     case = overflow.CASES[name]()
-    default = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs)
+    default = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
+                                   overflow="fp32")
     gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
                               overflow="rescale")  # verified: within the bound, finite
     assert all(bool(torch.isfinite(o).all()) for o in float_leaves(call(gm, case.inputs)))
@@ -89,6 +90,39 @@ def test_overflow_rescale_keeps_more_matmul_flops_low(name):
     rescaled = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "rescale_matmuls"]
     assert rescaled and all("scaled back by 2^" in r.reason for r in rescaled)
     assert not any(r.pass_name == "rescale_matmuls" for r in amprewrite.report(default).rewrites)
+
+
+def test_auto_rescales_from_the_output_backwards_until_half_the_flops_are_low():
+    # Three T5-style feed-forwards; the up projections of the last two overflow (2e5), so
+    # keeping every overflowing matmul fp32 leaves 1/3 of the FLOPs low. overflow="auto"
+    # rescales the last up projection only (1/2 low) and keeps the second one fp32.
+    torch.manual_seed(0)
+    model, inputs = overflow.T5FeedForward(layers=3).eval(), (torch.randn(2, 32, 64),)
+    overflow._scale_to(model, inputs, "wi.1", 2e5)
+    overflow._scale_to(model, inputs, "wi.2", 2e5)
+    by_hand = overflow.overflowing_modules(model, inputs)
+    assert by_hand == ["wi.1", "wo.1", "norm.2", "wi.2", "wo.2"]
+    plans = {mode: amprewrite.transform(model, "fp16", example_inputs=inputs, overflow=mode)
+             for mode in ("fp32", "auto", "rescale")}
+    shares = {mode: overflow.matmul_flops(gm) for mode, gm in plans.items()}
+    assert shares["fp32"][0] == pytest.approx(shares["fp32"][1] / 3)
+    assert shares["auto"][0] == pytest.approx(shares["auto"][1] / 2)
+    rescaled = [r for r in amprewrite.report(plans["auto"]).rewrites
+                if r.pass_name == "rescale_matmuls"]
+    assert [r.module_path for r in rescaled] == ["wi.2"], rescaled
+    assert "overflow='auto' (fp32 would leave under 50% of the matmul FLOPs" in rescaled[0].reason
+    assert not any(r.pass_name == "rescale_matmuls"
+                   for r in amprewrite.report(plans["fp32"]).rewrites)
+    hand = amprewrite.transform(model, "fp16", example_inputs=inputs, keep_fp32=by_hand,
+                                verify=False)
+    refs = float_leaves(model(*inputs))
+    errors = {mode: max(rel_err(o, r) for o, r in zip(float_leaves(gm(*inputs)), refs))
+              for mode, gm in {**plans, "hand": hand}.items()}
+    assert errors["fp32"] == errors["hand"]  # the same plan
+    # Fewer fp16 roundings than rescaling both (measured 2.75e-4 against 4.5e-4). Not within
+    # 1.5x of fp32's 1.0e-4: the last block's output is most of the output, and fp16 rounds
+    # its input, weight and result (docs/guide.md, "overflow").
+    assert errors["hand"] < errors["auto"] < errors["rescale"], errors
 
 
 def test_rescale_is_exact_in_fp32():
@@ -364,7 +398,7 @@ def test_a_fill_the_low_dtype_holds_follows_its_input():
 
 
 def test_overflow_option_is_checked():
-    with pytest.raises(amprewrite.PolicyError, match="overflow must be 'fp32'"):
+    with pytest.raises(amprewrite.PolicyError, match="overflow must be 'auto'"):
         amprewrite.transform(_Lin(), "fp16", overflow="clip")
 
 

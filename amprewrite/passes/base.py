@@ -42,6 +42,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
 from ..modules import submodule
+from ..ops import FAMILIES, Precision, family_of
 from ..policy import Policy
 from ..report import record
 
@@ -191,6 +192,27 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
     if keys in ({"input", "other"}, {"input", "mat2"}):
         return args, data, ("other" if "other" in keys else "mat2"), None
     return None
+
+
+def matmul_flops(gm: fx.GraphModule, node: fx.Node) -> float | None:
+    """The FLOPs of a matmul-like op of a LOW family (linear, addmm, matmul, bmm, conv, ...) on
+    the shapes capture recorded: 2 x output elements x reduced size; None for other nodes and
+    where a shape is unknown. The reduced operand, by parameter name: addmm's input is the bias
+    (mat1 is reduced), a linear's or a matmul's input is."""
+    # Painted: the family painting gave it (None: none); before painting, the op's own.
+    fam = (FAMILIES.get(node.meta[M.FAMILY] or "") if M.FAMILY in node.meta
+           else family_of(node))
+    if fam is None or fam.precision != Precision.LOW or M.CAST in node.meta:
+        return None
+    out = M.info(node)
+    args = arguments(gm, node) or {}
+    first = args.get("mat1", args.get("batch1", args.get("input", args.get("self"))))
+    if first is None and node.args:
+        first = node.args[0]  # a builtin without a signature: operator.matmul
+    shape = M.info(first).shape if isinstance(first, fx.Node) else None
+    if out.numel is None or not shape:
+        return None
+    return 2.0 * out.numel * (shape[-1] or 1)
 
 
 def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:

@@ -94,6 +94,42 @@ def matches(node: fx.Node, selector: Selector) -> bool:
     return path == selector or path.startswith(selector + ".")
 
 
+def range_reason(node: fx.Node, low: torch.dtype, where: str = "the example inputs",
+                 own: bool = True, reads: bool = True) -> str | None:
+    """Why the ranges record_ranges wrote keep ``node`` out of ``low`` (None: they do not):
+    with ``own``, its value passes :func:`~amprewrite.ranges.range_limit`; with ``reads`` (a
+    LOW op), it reads an input past the limit, or a weight past ``low``'s largest number or
+    that ``low`` would store mostly subnormal. ``where``: what the ranges were taken on."""
+    if not narrower_than_fp32(low):
+        return None
+    limit = range_limit(low)
+    r = node.meta.get(M.RANGE)
+    if own and r is not None and r.absmax > limit:
+        return (f"range: |{node.name}| up to {r.absmax:.3g} on {where} > "
+                f"{describe_limit(low)}")
+    if not reads:
+        return None
+    short = short_name(low)
+    for arg in node.all_input_nodes:
+        ra = arg.meta.get(M.RANGE)
+        if ra is None:
+            continue
+        what = "weight" if arg.op == "get_attr" else "input"
+        # A parameter is known, not sampled: its own range is the dtype's.
+        if ra.absmax > (limit if what == "input" else torch.finfo(low).max):
+            seen = "" if arg.op == "get_attr" else f" on {where}"
+            name = arg.target if arg.op == "get_attr" else arg.name
+            bound = (describe_limit(low) if what == "input"
+                     else f"{short} max {torch.finfo(low).max:.6g}")
+            return (f"range: reads {what} '{name}' with |x| up to {ra.absmax:.3g}"
+                    f"{seen} > {bound}")
+        if arg.op == "get_attr" and ra.tiny_share > TINY_SHARE:
+            return (f"range: {short} would store weight '{arg.target}' mostly "
+                    f"subnormal ({ra.tiny_share:.0%} of its nonzero values below "
+                    f"{torch.finfo(low).tiny:.2g})")
+    return None
+
+
 class PaintPrecision(Pass):
     """Set ``meta[CLASS]``, ``meta[REASON]``, ``meta[FAMILY]``, ``meta[TIED]`` and
     ``meta[NATURAL]``."""
@@ -301,8 +337,6 @@ class PaintPrecision(Pass):
         and so are LOW ops reading one, or reading a weight stored mostly subnormal."""
         if not narrower_than_fp32(low):
             return  # bfloat16: fp32's exponent range, nothing a range can rule out
-        limit = range_limit(low)
-        short = short_name(low)
         extra = len(self.policy.calibration)
         where = "the example inputs" + (
             f" and {extra} calibration batch{'es' * (extra > 1)}" if extra else "")
@@ -310,31 +344,7 @@ class PaintPrecision(Pass):
             cls = node.meta.get(M.CLASS)
             if cls in (None, _P_NONFLOAT) or node in self._writes:
                 continue
-            why = None
-            r = node.meta.get(M.RANGE)
-            if cls != _P_FP32 and r is not None and r.absmax > limit:
-                why = (f"range: |{node.name}| up to {r.absmax:.3g} on {where} > "
-                       f"{describe_limit(low)}")
-            elif cls == _P_LOW:
-                for arg in node.all_input_nodes:
-                    ra = arg.meta.get(M.RANGE)
-                    if ra is None:
-                        continue
-                    what = "weight" if arg.op == "get_attr" else "input"
-                    # A parameter is known, not sampled: its own range is the dtype's.
-                    if ra.absmax > (limit if what == "input" else torch.finfo(low).max):
-                        seen = "" if arg.op == "get_attr" else f" on {where}"
-                        name = arg.target if arg.op == "get_attr" else arg.name
-                        bound = (describe_limit(low) if what == "input"
-                                 else f"{short} max {torch.finfo(low).max:.6g}")
-                        why = (f"range: reads {what} '{name}' with |x| up to {ra.absmax:.3g}"
-                               f"{seen} > {bound}")
-                        break
-                    if arg.op == "get_attr" and ra.tiny_share > TINY_SHARE:
-                        why = (f"range: {short} would store weight '{arg.target}' mostly "
-                               f"subnormal ({ra.tiny_share:.0%} of its nonzero values below "
-                               f"{torch.finfo(low).tiny:.2g})")
-                        break
+            why = range_reason(node, low, where, own=cls != _P_FP32, reads=cls == _P_LOW)
             if why is not None:
                 self._take(node, why)
 

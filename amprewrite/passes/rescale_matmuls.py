@@ -1,5 +1,7 @@
-"""rescale_matmuls: with ``overflow="rescale"``, a matmul whose result passes the low dtype's
-range runs low on a weight scaled by a power of two, and its result is scaled back in fp32.
+"""rescale_matmuls: a matmul whose fp16 result passes the range runs low on a weight scaled by a
+power of two, and its result is scaled back in fp32: every such matmul with
+``overflow="rescale"``; with ``overflow="auto"`` (the default), only where keeping them fp32
+would leave less than half of the matmul FLOPs in fp16 (:data:`LOW_FLOPS`).
 
 Matches (with ``meta[RANGE]`` from record_ranges, in fp16, where the result passes
 :func:`amprewrite.ranges.range_limit` and the inputs do not):
@@ -10,12 +12,19 @@ Rewrite to, with ``s = 2**-k`` the smallest power of two that brings the result 
 
 Multiplying by a power of two is exact in fp32, so the graph computes what the model does; the
 matmul runs low on values that fit, so its FLOPs stay in fp16, and its result carries fp16's
-rounding (the default, ``overflow="fp32"``, computes it in fp32: more accurate, slower;
-measured in docs/benchmarks.md, "fp16 overflow"). The scale-back is forced FP32
-(``meta[FORCE]``): its result, the large value, is stored fp32. Only a parameter is scaled (one
-far from fp16's subnormals): scaling an activation down would push its small values into them.
-A matmul that reads a value past the range, or a weight fp16 cannot hold, stays fp32
-(paint_precision).
+rounding (``overflow="fp32"`` computes every one in fp32: more accurate, slower; measured in
+docs/benchmarks.md, "fp16 overflow"). The scale-back is forced FP32 (``meta[FORCE]``): its
+result, the large value, is stored fp32. Only a parameter is scaled (one far from fp16's
+subnormals): scaling an activation down would push its small values into them. A matmul that
+reads a value past the range, or a weight fp16 cannot hold, stays fp32 (paint_precision).
+
+``"auto"`` counts the FLOPs of every LOW matmul-like op on the captured shapes, and those the
+ranges will keep fp32 (:func:`~amprewrite.passes.paint_precision.range_reason`). At or above
+half low, nothing changes: the overflowing matmuls stay fp32, the most accurate plan. Below,
+the rescalable ones are rescaled **from the output backwards** until half are low: a rounding
+made late reaches the output through fewer ops that amplify it (on the overflow cases,
+rescaling the last of GPT-2's two overflowing up-projections gives 1.24x the error of keeping
+both fp32, the first 1.46x; LLaMA 1.06x and 1.15x).
 """
 
 from __future__ import annotations
@@ -29,9 +38,25 @@ from torch import fx
 from .. import meta as M
 from ..ops import FAMILIES, Precision
 from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
-from .base import Kind, Match, Replacement, Rule, RulePass, matmul_operands
+from .base import (
+    Kind,
+    Match,
+    Replacement,
+    Rule,
+    RulePass,
+    apply_rules,
+    arguments,
+    matmul_flops,
+    matmul_operands,
+)
+from .paint_precision import range_reason
 
-__all__ = ["RescaleMatmuls"]
+__all__ = ["LOW_FLOPS", "RescaleMatmuls"]
+
+LOW_FLOPS = 0.5
+"""``overflow="auto"``: the share of matmul FLOPs that should stay in fp16. fp16 is chosen for
+its speed, and the matmuls are where it is; below half, the plan rescales rather than give up
+more of them."""
 
 
 def _range(value: object) -> ValueRange | None:
@@ -46,11 +71,12 @@ def _scaled(m: Match, value: fx.Node, s: float) -> fx.Node:
     return node
 
 
-def _rescale(m: Match) -> Replacement | None:
-    low = m.policy.dtype
-    node = m.node
+def _exponent(node: fx.Node, args: dict | None, low: torch.dtype) -> int | None:
+    """k such that the matmul ``node`` computes in range on its weight scaled by ``2**-k``;
+    None where it is not rescalable (result in range, an input past it, a weight that is not a
+    parameter or that fp16 cannot hold, ranges unknown)."""
     out = _range(node)
-    found = matmul_operands(m.node, m.args)
+    found = matmul_operands(node, args)
     if found is None or out is None or M.info(node).dtype != torch.float32:
         return None
     args, data_key, weight_key, bias_key = found
@@ -65,7 +91,19 @@ def _rescale(m: Match) -> Replacement | None:
     if (rd.absmax > limit or rw.absmax > torch.finfo(low).max or rw.tiny_share > TINY_SHARE
             or not math.isfinite(out.absmax) or out.absmax <= limit):
         return None  # only the result past the range; inputs fp16 holds (else: fp32)
-    k = math.ceil(math.log2(out.absmax / limit))
+    return math.ceil(math.log2(out.absmax / limit))
+
+
+def _rescale(m: Match, only: frozenset[fx.Node] | None = None) -> Replacement | None:
+    low = m.policy.dtype
+    node = m.node
+    k = _exponent(node, m.args, low) if only is None or node in only else None
+    if k is None:
+        return None
+    out = _range(node)
+    args, _, weight_key, bias_key = matmul_operands(node, m.args)
+    weight = args[weight_key]
+    bias = args.get(bias_key) if bias_key else None
     s = 2.0 ** -k
     new_args = {**args, weight_key: _scaled(m, weight, s)}
     if bias is not None:
@@ -78,21 +116,58 @@ def _rescale(m: Match) -> Replacement | None:
     inner.meta[M.RANGE] = ValueRange(out.absmax * s, out.tiny_share, out.batches)
     back = m.build.call(operator.mul, inner, 2.0 ** k, value=M.info(node))
     back.meta[M.RANGE] = out
+    mode = m.policy.overflow
+    when = _AUTO_WHY if mode == "auto" else ""
     why = (f"range: |{node.name}| up to {out.absmax:.3g} > {describe_limit(low)}; "
-           f"overflow='rescale': the product runs low on {weight_key} * 2^-{k} and is scaled "
-           f"back by 2^{k} in fp32 (exact)")
+           f"overflow={mode!r}{when}: the product runs low on {weight_key} * 2^-{k} and is "
+           f"scaled back by 2^{k} in fp32 (exact)")
     back.meta[M.FORCE] = (Precision.FP32, why)
     return Replacement(back, f"{node.name}: {weight_key} * 2^-{k}, result * 2^{k} in fp32", why)
+
+
+_AUTO_WHY = f" (fp32 would leave under {LOW_FLOPS:.0%} of the matmul FLOPs in fp16)"
+_TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions)
+
+
+def auto_choice(gm: fx.GraphModule, low: torch.dtype) -> frozenset[fx.Node]:
+    """The matmuls ``overflow="auto"`` rescales: none while the ranges leave at least
+    :data:`LOW_FLOPS` of the matmul FLOPs low, else rescalable ones from the output backwards
+    until they do."""
+    total = low_flops = 0.0
+    rescalable: list[tuple[fx.Node, float]] = []
+    for node in gm.graph.nodes:
+        flops = matmul_flops(gm, node)
+        if flops is None:
+            continue
+        total += flops
+        if range_reason(node, low) is None:
+            low_flops += flops
+        elif node.target in _TARGETS and _exponent(node, arguments(gm, node), low) is not None:
+            rescalable.append((node, flops))
+    chosen: list[fx.Node] = []
+    for node, flops in reversed(rescalable):
+        if total == 0 or low_flops >= LOW_FLOPS * total:
+            break
+        chosen.append(node)
+        low_flops += flops
+    return frozenset(chosen)
 
 
 class RescaleMatmuls(RulePass):
     name, kind = "rescale_matmuls", Kind.REWRITE
     requires = (M.ORIG, M.RANGE)
     writes = (M.ORIG, M.RANGE, M.FORCE)
-    rules = (Rule((*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions), _rescale),)
+    rules = (Rule(_TARGETS, _rescale),)
 
     def run(self, gm: fx.GraphModule) -> bool:
         policy = self.policy
-        if policy is None or policy.overflow != "rescale" or not narrower_than_fp32(policy.dtype):
-            return False  # the default, or bfloat16 (fp32's range: nothing to rescale)
-        return super().run(gm)
+        if (policy is None or policy.overflow == "fp32"
+                or not narrower_than_fp32(policy.dtype)):
+            return False  # bfloat16 (fp32's range: nothing to rescale)
+        if policy.overflow == "rescale":
+            return super().run(gm)
+        only = auto_choice(gm, policy.dtype)
+        if not only:
+            return False
+        rule = Rule(_TARGETS, lambda m: _rescale(m, only))
+        return bool(apply_rules(gm, (rule,), policy))

@@ -27,8 +27,8 @@ import torch
 from torch import fx, nn
 
 from .. import meta as M
-from ..ops import FAMILIES, Precision
-from ..passes.base import arguments
+from ..ops import Precision
+from ..passes.base import matmul_flops as node_flops
 
 __all__ = ["CASES", "OverflowCase", "matmul_flops", "overflowing_modules"]
 
@@ -204,23 +204,12 @@ CASES = {"t5_ff": t5_ff, "scores": scores, "residual": residual, "gpt2": gpt2,
 
 def matmul_flops(gm: fx.GraphModule) -> tuple[float, float]:
     """(FLOPs of the matmul-like ops planned low, FLOPs of all of them) in a transformed graph,
-    from the shapes capture recorded: 2 x output elements x reduced size."""
+    from the shapes capture recorded (:func:`amprewrite.passes.base.matmul_flops`)."""
     low = total = 0.0
     for node in gm.graph.nodes:
-        fam = FAMILIES.get(node.meta.get(M.FAMILY) or "")
-        if fam is None or fam.precision != Precision.LOW or M.CAST in node.meta:
+        flops = node_flops(gm, node)
+        if flops is None:
             continue
-        out = M.info(node)
-        # The operand whose last dimension is reduced, by parameter name: addmm's input is
-        # the bias (mat1 is reduced), a linear's or a matmul's input is.
-        args = arguments(gm, node) or {}
-        first = args.get("mat1", args.get("batch1", args.get("input")))
-        if first is None and node.args:
-            first = node.args[0]  # a builtin without a signature: operator.matmul
-        shape = M.info(first).shape if isinstance(first, fx.Node) else None
-        if out.numel is None or not shape:
-            continue
-        flops = 2.0 * out.numel * (shape[-1] or 1)
         total += flops
         if node.meta.get(M.CLASS) == Precision.LOW:
             low += flops

@@ -125,6 +125,19 @@ def test_auto_rescales_from_the_output_backwards_until_half_the_flops_are_low():
     assert errors["hand"] < errors["auto"] < errors["rescale"], errors
 
 
+@pytest.mark.parametrize("mode", ["auto", "rescale"])
+def test_allow_low_vouches_for_a_matmul_so_it_is_not_rescaled(mode):
+    # allow_low runs the module as the model wrote it: no rescale (whose fp32 scale-back the
+    # selector would otherwise make fp16 too), and auto counts it as fp16.
+    case = overflow.t5_ff()
+    gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs, overflow=mode,
+                              allow_low=["wi.1"], verify=False)
+    assert not any(r.pass_name == "rescale_matmuls" for r in amprewrite.report(gm).rewrites)
+    linear = next(d for d in amprewrite.report(gm).decisions
+                  if d.module_path == "wi.1" and d.family == "linear")
+    assert linear.precision == "low" and "allow_low='wi.1'" in linear.reason, linear
+
+
 def test_rescale_is_exact_in_fp32():
     # The rewrite alone (before any rounding): the graph with every op in fp32 (keep_fp32 of
     # each op family the model uses) equals the model's output to fp32's rounding.

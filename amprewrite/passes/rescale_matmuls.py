@@ -36,7 +36,7 @@ import torch
 from torch import fx
 
 from .. import meta as M
-from ..ops import FAMILIES, Precision
+from ..ops import FAMILIES, Precision, family_of
 from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
 from .base import (
     Kind,
@@ -49,7 +49,7 @@ from .base import (
     matmul_flops,
     matmul_operands,
 )
-from .paint_precision import range_reason
+from .paint_precision import matches, range_reason
 
 __all__ = ["LOW_FLOPS", "RescaleMatmuls"]
 
@@ -94,10 +94,20 @@ def _exponent(node: fx.Node, args: dict | None, low: torch.dtype) -> int | None:
     return math.ceil(math.log2(out.absmax / limit))
 
 
+def _vouched(node: fx.Node, policy) -> bool:
+    """Does the user's ``allow_low`` select ``node``? They vouch for it running low as the model
+    wrote it: it is neither rescaled nor counted as fp32 (painting gives it back its class)."""
+    fam = family_of(node)
+    return any(matches(node, sel) or (fam is not None and sel == fam.name)
+               for sel in policy.allow_low)
+
+
 def _rescale(m: Match, only: frozenset[fx.Node] | None = None) -> Replacement | None:
     low = m.policy.dtype
     node = m.node
-    k = _exponent(node, m.args, low) if only is None or node in only else None
+    if _vouched(node, m.policy) or (only is not None and node not in only):
+        return None
+    k = _exponent(node, m.args, low)
     if k is None:
         return None
     out = _range(node)
@@ -129,10 +139,11 @@ _AUTO_WHY = f" (fp32 would leave under {LOW_FLOPS:.0%} of the matmul FLOPs in fp
 _TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions)
 
 
-def auto_choice(gm: fx.GraphModule, low: torch.dtype) -> frozenset[fx.Node]:
+def auto_choice(gm: fx.GraphModule, policy) -> frozenset[fx.Node]:
     """The matmuls ``overflow="auto"`` rescales: none while the ranges leave at least
     :data:`LOW_FLOPS` of the matmul FLOPs low, else rescalable ones from the output backwards
     until they do."""
+    low = policy.dtype
     total = low_flops = 0.0
     rescalable: list[tuple[fx.Node, float]] = []
     for node in gm.graph.nodes:
@@ -140,7 +151,7 @@ def auto_choice(gm: fx.GraphModule, low: torch.dtype) -> frozenset[fx.Node]:
         if flops is None:
             continue
         total += flops
-        if range_reason(node, low) is None:
+        if range_reason(node, low) is None or _vouched(node, policy):
             low_flops += flops
         elif node.target in _TARGETS and _exponent(node, arguments(gm, node), low) is not None:
             rescalable.append((node, flops))
@@ -166,7 +177,7 @@ class RescaleMatmuls(RulePass):
             return False  # bfloat16 (fp32's range: nothing to rescale)
         if policy.overflow == "rescale":
             return super().run(gm)
-        only = auto_choice(gm, policy.dtype)
+        only = auto_choice(gm, policy)
         if not only:
             return False
         rule = Rule(_TARGETS, lambda m: _rescale(m, only))

@@ -363,8 +363,10 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
     model = onnx.load(os.fspath(path))
     try:
         # exact, but for tables=True: in a float16 file, a float32 embedding table is stored
-        # float16 and its lookups cast to float32 after (amprewrite/onnx_lean.py)
-        model = lean(model, tables=True)
+        # float16 and its lookups cast to float32 after; and bias=True: a float16 bias added
+        # in float32 where the sum is widened after, one rounding fewer; and softmax=True: a
+        # float16 Softmax (attention's, as torch.onnx writes it) computed in float32 (onnx_lean.py)
+        model = lean(model, tables=True, bias=True, softmax=True)
     except Exception as exc:  # a bug to report, not a reason to ship nothing
         logging.getLogger("amprewrite").warning(
             "the ONNX file is written as torch.onnx.export wrote it: making it lean failed "

@@ -36,6 +36,21 @@ Not when the file has no float16 cast (a bfloat16 or float32 file), nor for a ta
 float16's range or more than :data:`amprewrite.ranges.TINY_SHARE` of whose nonzero values would
 be float16 subnormals.
 
+One more runs only when asked (``lean(model, bias=True)``; :func:`amprewrite.deploy.export` asks
+for it in a float16 ONNX file), and it removes a rounding: ``torch.onnx`` writes a float16
+``linear`` as a ``MatMul`` and an ``Add`` of its bias, each rounded to float16, where PyTorch's
+kernel (and cuBLAS's epilogue) adds the bias before its one rounding. Where the sum is only
+widened to float32 after (a linear that feeds the fp32 residual stream), the widening moves
+before the ``Add``, which then adds the float16 bias in float32: one rounding, as in the graph
+the file was written from, and the same number of nodes.
+
+And ``lean(model, softmax=True)`` (asked for in a float16 file too) computes a float16
+``Softmax`` in float32, between a cast to float32 and one back: ``torch.onnx`` writes
+``scaled_dot_product_attention`` as its math (``MatMul``, ``Softmax``, ``MatMul``), where
+PyTorch's fused attention kernels keep the softmax in float32 inside; the plan computes a
+softmax of its own in fp32 too (``ops.py``). onnxruntime's CPU provider has no float16 Softmax
+kernel and expands it into five ops; float32's is one.
+
 A file with control flow (If, Loop, Scan) gets only onnxscript's passes and the metadata drop:
 its subgraphs read outer values by name, which the rewrites above do not follow.
 """
@@ -75,13 +90,16 @@ def cast_count(model: onnx.ModelProto) -> int:
     return sum(n.op_type in ("Cast", "CastLike") for n in model.graph.node)
 
 
-def lean(model: onnx.ModelProto, tables: bool = False) -> onnx.ModelProto:
+def lean(model: onnx.ModelProto, tables: bool = False, bias: bool = False,
+         softmax: bool = False) -> onnx.ModelProto:
     """``model`` with its constant casts folded, exact redundant casts and dead nodes removed
     and node metadata dropped; it computes the same values. ``model`` itself is not changed.
 
     ``tables=True`` also stores the float32 lookup tables of a float16 file float16 (see the
     module's docstring): the file then computes what ``model`` computes with those tables
-    rounded to float16.
+    rounded to float16. ``bias=True`` adds the bias of a float16 ``MatMul`` whose sum is only
+    widened after in float32 (see the module's docstring): one rounding fewer.
+    ``softmax=True`` computes each float16 ``Softmax`` in float32, cast back after.
 
     >>> import numpy as np, onnx
     >>> from onnx import helper as h, TensorProto as T, numpy_helper
@@ -109,6 +127,10 @@ def lean(model: onnx.ModelProto, tables: bool = False) -> onnx.ModelProto:
         _drop_dead(out.graph)
         if (len(out.graph.node), len(out.graph.initializer)) == before:
             break
+    if bias and flat:
+        _widen_before_bias(out.graph, _types(out))
+    if softmax and flat:
+        _softmax_in_float32(out.graph, _types(out))
     out = _onnxscript_folds(out)
     if flat:
         _fold_constant_casts(out.graph)
@@ -262,6 +284,94 @@ def _store_tables_low(graph: onnx.GraphProto) -> list[str]:
     del graph.node[:]
     graph.node.extend(copies)
     return stored
+
+
+def _widen_before_bias(graph: onnx.GraphProto, types: dict[str, int]) -> int:
+    """Add a float16 MatMul's float16 bias in float32 where the sum is only widened after;
+    returns how many. The float16 bias is widened exactly (a float32 copy of its values).
+
+    Matches:      MatMul -> y(f16);  Add(y, b(f16 initializer)) -> s(f16);  Cast(s, to=f32) -> z
+    Rewrite to:   MatMul -> y(f16);  Cast(y, to=f32) -> y32;  Add(y32, b(f32)) -> z
+    (``y`` and ``s`` read by nothing else, ``s`` not an output of the graph).
+    """
+    users = _consumers(graph)
+    made = {o for n in graph.node for o in n.output}
+    inits = {i.name: i for i in graph.initializer}
+    kept = {o.name for o in graph.output}
+    taken = made | set(inits) | {i.name for i in graph.input}
+    wide: dict[str, str] = {}  # float16 bias -> its float32 copy
+    moved: dict[int, onnx.NodeProto] = {}  # index of an Add -> the Cast now before it
+    index_of = {n.output[0]: i for i, n in enumerate(graph.node) if n.output}
+    producers = {o: n for n in graph.node for o in n.output}
+    stale: set[str] = set()
+    for i, add in enumerate(graph.node):
+        if add.op_type != "Add" or len(add.input) != 2 or add.output[0] in kept:
+            continue
+        for y, b in (add.input, add.input[::-1]):
+            mm = producers.get(y)
+            init = inits.get(b)
+            after = users.get(add.output[0], [])
+            if (mm is None or mm.op_type != "MatMul" or init is None
+                    or init.data_type != TensorProto.FLOAT16 or users.get(y) != [add]
+                    or types.get(y) != TensorProto.FLOAT16 or len(after) != 1
+                    or after[0].op_type != "Cast" or _attr(after[0], "to") != TensorProto.FLOAT):
+                continue
+            cast = after[0]
+            if b not in wide:
+                wide[b] = _fresh(f"{b}_f32", taken)
+                graph.initializer.append(numpy_helper.from_array(
+                    numpy_helper.to_array(init).astype(np.float32), wide[b]))
+            z = cast.output[0]
+            y32 = _fresh(f"{y}_f32", taken)
+            stale.add(add.output[0])
+            cast.input[0], cast.output[0] = y, y32
+            add.input[0], add.input[1], add.output[0] = y32, wide[b], z
+            moved[i] = index_of[z]
+            break
+    if not moved:
+        return 0
+    casts = set(moved.values())
+    nodes = [m for i, n in enumerate(graph.node) if i not in casts
+             for m in ([graph.node[moved[i]], n] if i in moved else [n])]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    infos = [v for v in graph.value_info if v.name not in stale]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    return len(moved)
+
+
+def _softmax_in_float32(graph: onnx.GraphProto, types: dict[str, int]) -> int:
+    """Each Softmax of a float16 tensor reads it cast to float32 and is cast back to float16
+    after; returns how many.
+
+    Matches:      Softmax(x(f16)) -> y(f16)
+    Rewrite to:   Cast(x, to=f32) -> x32;  Softmax(x32) -> y32;  Cast(y32, to=f16) -> y
+    """
+    taken = ({o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+             | {i.name for i in graph.input})
+    around: dict[int, tuple[onnx.NodeProto, onnx.NodeProto]] = {}  # node index -> casts
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Softmax" or types.get(node.input[0]) != TensorProto.FLOAT16:
+            continue
+        x32, y32 = _fresh(f"{node.input[0]}_f32", taken), _fresh(f"{node.output[0]}_f32", taken)
+        up = onnx.helper.make_node("Cast", [node.input[0]], [x32], to=TensorProto.FLOAT)
+        down = onnx.helper.make_node("Cast", [y32], [node.output[0]], to=TensorProto.FLOAT16)
+        node.input[0], node.output[0] = x32, y32
+        around[index] = (up, down)
+    if not around:
+        return 0
+    nodes = [m for i, n in enumerate(graph.node)
+             for m in ([around[i][0], n, around[i][1]] if i in around else [n])]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    return len(around)
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -206,3 +206,79 @@ def test_a_zoo_bert_file_stores_its_embedding_tables_float16(tmp_path):
     tables = {i.name for i in out.graph.initializer if i.name.endswith("_embeddings.weight")}
     assert "embeddings.word_embeddings.weight" in tables
     assert all(i.data_type == T.FLOAT16 for i in out.graph.initializer if i.name in tables)
+
+
+def linear_model(shared_sum: bool = False):
+    """A float16 linear as torch.onnx writes it (MatMul, then Add of the bias), its sum widened
+    to float32 for the residual stream, and a float16 softmax; ``shared_sum``: the float16
+    sum is also read by a float16 op (then its bias stays float16)."""
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float16), "w")
+    b = numpy_helper.from_array((rng.standard_normal(8) * 3).astype(np.float16), "b")
+    nodes = [cast("x", "x16", T.FLOAT16), h.make_node("MatMul", ["x16", "w"], ["m"]),
+             h.make_node("Add", ["m", "b"], ["s"]), cast("s", "s32", T.FLOAT),
+             h.make_node("Add", ["x", "s32"], ["r"]),
+             h.make_node("Softmax", ["x16"], ["p16"], axis=-1), cast("p16", "p", T.FLOAT)]
+    outputs = [h.make_tensor_value_info("r", T.FLOAT, [4, 8]),
+               h.make_tensor_value_info("p", T.FLOAT, [4, 8])]
+    if shared_sum:
+        nodes.append(h.make_node("Relu", ["s"], ["t"]))
+        outputs.append(h.make_tensor_value_info("t", T.FLOAT16, [4, 8]))
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+                         outputs, [w, b])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+
+
+def test_bias_adds_a_float16_bias_in_float32_where_the_sum_is_widened_after():
+    from amprewrite.onnx_rounded import run_rounded
+
+    model = linear_model()
+    out = lean(model, bias=True)
+    ops = [n.op_type for n in out.graph.node if n.op_type != "Softmax"]
+    assert ops[:5] == ["Cast", "MatMul", "Cast", "Add", "Add"], ops  # as many nodes, reordered
+    add = next(n for n in out.graph.node if n.op_type == "Add")
+    inits = {i.name: i for i in out.graph.initializer}
+    assert inits[add.input[1]].data_type == T.FLOAT and "b" not in inits  # widened, exactly
+    np.testing.assert_array_equal(numpy_helper.to_array(inits[add.input[1]]),
+                                  numpy_helper.to_array(model.graph.initializer[1]).astype(
+                                      np.float32))
+    # What it computes with every float16 value rounded: the float16 product, rounded once,
+    # plus the float16 bias in float32 (before: rounded again after the bias), bit for bit.
+    x = np.random.default_rng(4).standard_normal((4, 8)).astype(np.float32) * 10
+    w16 = numpy_helper.to_array(model.graph.initializer[0])
+    b16 = numpy_helper.to_array(model.graph.initializer[1])
+    m16 = (x.astype(np.float16).astype(np.float32) @ w16.astype(np.float32)).astype(np.float16)
+    want = x + (m16.astype(np.float32) + b16.astype(np.float32))
+    np.testing.assert_array_equal(run_rounded(out, {"x": x})[0], want)
+    before = run_rounded(model, {"x": x})[0]
+    assert not np.array_equal(before, want)  # the second rounding the rule removes
+
+
+def test_bias_leaves_a_sum_that_a_float16_op_also_reads():
+    model = linear_model(shared_sum=True)
+    out = lean(model, bias=True)
+    inits = {i.name: i.data_type for i in out.graph.initializer}
+    assert inits["b"] == T.FLOAT16 and len(inits) == 2
+    add = next(n for n in out.graph.node if n.op_type == "Add")
+    assert list(add.input) == ["m", "b"]
+
+
+def test_softmax_computes_a_float16_softmax_in_float32():
+    from amprewrite.onnx_rounded import run_rounded
+
+    model = linear_model()
+    out = lean(model, softmax=True)
+    producer = {o: n for n in out.graph.node for o in n.output}
+    softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
+    up = producer[softmax.input[0]]
+    assert up.op_type == "Cast" and up.attribute[0].i == T.FLOAT
+    down = next(n for n in out.graph.node if list(n.input) == [softmax.output[0]])
+    assert down.op_type == "Cast" and down.attribute[0].i == T.FLOAT16
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32) * 4
+    z = x.astype(np.float16).astype(np.float32)
+    e = np.exp(z - z.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)).astype(np.float16).astype(np.float32)
+    got = run_rounded(out, {"x": x})[1]
+    np.testing.assert_allclose(got, want, rtol=0, atol=float(np.finfo(np.float16).eps))
+    plain = next(n for n in lean(model).graph.node if n.op_type == "Softmax")
+    assert list(plain.input) == ["x16"]  # asked for, not by default

@@ -552,10 +552,29 @@ def _is_tensor_node(a: object) -> bool:
     return isinstance(a, fx.Node)
 
 
+def _power_of_two(value: object) -> bool:
+    """A Python number ``±2**k``: multiplying a float by it is exact (short of overflow and
+    subnormals) in every float dtype."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0
+            and math.isfinite(value) and math.frexp(abs(value))[0] == 0.5)
+
+
 def _arith_refine(node: fx.Node) -> str | None:
-    """Operator forms of FP32 ops: ``x * x`` squares (pow), ``1 / x`` is a reciprocal."""
+    """Operator forms of FP32 ops: ``x * x`` squares (pow), ``1 / x`` is a reciprocal; and an
+    exact one: a float tensor times or over a power of two (``0.5 * x`` in GELU, ``s / 8`` in
+    attention) is a ``scale``, NEUTRAL, so the cast plan may compute it on either side of a
+    cast (GPT-2's GELU reads its input in fp32 for ``pow`` and ``0.5 * x`` in fp16: one cast
+    each; computed in fp32, both share one)."""
     name = op_name(node)
     args = node.args
+    if len(args) == 2 and not node.kwargs and name in (
+            "mul", "multiply", "__mul__", "__rmul__", "truediv", "div", "divide", "true_divide",
+            "__truediv__"):
+        tensor, number = (args if _is_tensor_node(args[0]) else args[::-1])
+        divides = name not in ("mul", "multiply", "__mul__", "__rmul__")
+        if (_is_tensor_node(tensor) and _power_of_two(number) and M.info(tensor).is_float
+                and not (divides and tensor is not args[0])):
+            return "scale"
     if name in ("mul", "multiply", "__mul__", "__rmul__") and len(args) == 2 \
             and _is_tensor_node(args[0]) and args[0] is args[1]:
         return "pow"
@@ -850,6 +869,10 @@ _TABLE: list[Family] = [
     _op("div", P, ["div", "divide", "true_divide", "sqrt"],
         functions=[operator.truediv, operator.itruediv], out=Out.FLOAT, refine=_arith_refine,
         inplace={operator.itruediv: operator.truediv}),
+    # NEUTRAL: a float times or over a power of two is exact in any float dtype (refined from
+    # arith and div: ``0.5 * x``, ``scores / 8``).
+    _op("scale", N, [], probe=False,
+        why="times or over a power of two: exact in any float dtype"),
     _op("activation", P, ["gelu", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
                           "hardswish", "hardsigmoid", "softsign", "logsigmoid", "glu", "prelu",
                           "tanhshrink", "softshrink", "hardshrink", "rrelu", "log_sigmoid",

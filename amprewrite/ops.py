@@ -572,8 +572,9 @@ def _arith_refine(node: fx.Node) -> str | None:
             "__truediv__"):
         tensor, number = (args if _is_tensor_node(args[0]) else args[::-1])
         divides = name not in ("mul", "multiply", "__mul__", "__rmul__")
-        if (_is_tensor_node(tensor) and _power_of_two(number) and M.info(tensor).is_float
-                and not (divides and tensor is not args[0])):
+        dtype = M.info(tensor).dtype if _is_tensor_node(tensor) else None
+        if (dtype is not None and dtype.is_floating_point and _power_of_two(number)
+                and not (divides and tensor is not args[0])):  # a known float: not an id
             return "scale"
     if name in ("mul", "multiply", "__mul__", "__rmul__") and len(args) == 2 \
             and _is_tensor_node(args[0]) and args[0] is args[1]:

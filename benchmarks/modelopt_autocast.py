@@ -52,8 +52,12 @@ calibrated one. Columns per file:
   output; ``casts``: Cast and CastLike nodes in the file; ``kb``: file size (with its external
   ``.data`` file, where torch.onnx.export wrote one: it does for the fp32 file);
 - ``ms`` and ``ratio``: onnxruntime CPU latency (1 thread, default graph optimisations),
-  median of interleaved runs of the three files in one process, and its ratio to the fp32
-  file's.
+  median of interleaved runs of the files in one process, and its ratio to the fp32 file's;
+  ``ms_no_sln``: the same with onnxruntime's ``SkipLayerNormFusion`` turned off for every file
+  (``disabled_optimizers``): onnxruntime 1.32's CPU SkipLayerNormalization is 4-7x slower than
+  the Add and LayerNormalization it replaces (47 against 12.5 us at 2 x 64 x 64, 322 against
+  45 us at 2 x 128 x 256, fp32), and it matches every fp32 residual add before an fp32 norm,
+  which amprewrite's files have and ModelOpt's, with a cast between the two, mostly do not.
 
 Goals (issue 36): on every case amprewrite finite wherever either tool is, error <= ModelOpt's,
 file size <= 1.1x ModelOpt's, latency <= 1.05x ModelOpt's. Writes
@@ -88,8 +92,9 @@ from .common import interleaved, save, table
 VENV = Path(os.environ.get("MODELOPT_VENV", "/tmp/modelopt-venv"))
 TOOLS = ["fp32", "modelopt", "modelopt_random", "amprewrite"]
 GOALS = {"size": 1.1, "latency": 1.05}
+NO_SLN = ("SkipLayerNormFusion",)
 COLUMNS = ["case", "tool", "error", "ort_error", "nonfinite", "fp32_nodes", "casts", "kb",
-           "ms", "ratio", "note"]
+           "ms", "ratio", "ms_no_sln", "note"]
 # Ops that move or describe data without arithmetic: not counted as fp32 compute.
 _NOT_COMPUTE = {"Cast", "CastLike", "Constant", "Identity", "Shape", "Reshape", "Transpose",
                 "Unsqueeze", "Squeeze", "Concat", "Slice", "Gather", "GatherND", "Expand",
@@ -324,7 +329,10 @@ def describe(path: Path, inputs: tuple, refs: list[torch.Tensor]) -> dict:
     }
 
 
-def latencies(paths: dict[str, Path], inputs: tuple, repeats: int) -> dict[str, float]:
+def latencies(paths: dict[str, Path], inputs: tuple, repeats: int,
+              disabled: tuple[str, ...] = ()) -> dict[str, float]:
+    """Median onnxruntime CPU latency of each file (1 thread), interleaved; ``disabled``:
+    onnxruntime graph optimisers turned off (``disabled_optimizers``)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -333,7 +341,8 @@ def latencies(paths: dict[str, Path], inputs: tuple, repeats: int) -> dict[str, 
     fns = {}
     for tool, path in paths.items():
         session = onnxruntime.InferenceSession(os.fspath(path), options,
-                                               providers=["CPUExecutionProvider"])
+                                               providers=["CPUExecutionProvider"],
+                                               disabled_optimizers=list(disabled))
         feeds = feeds_for(path, inputs)
         fns[tool] = lambda s=session, f=feeds: s.run(None, f)
     return {tool: ms for tool, (ms, _) in interleaved(fns, repeats, warmup=5).items()}
@@ -372,10 +381,14 @@ def measure(case: str, out: Path, python: Path | None, repeats: int,
             row.update(describe(ok[tool], inputs, refs))
         rows.append(row)
     times = latencies(ok, inputs, repeats)
+    # onnxruntime 1.32's CPU SkipLayerNormalization, which it fuses from an fp32 Add and
+    # LayerNormalization, is 4-7x slower than the two (docs/benchmarks.md): without that fusion
+    unfused = latencies(ok, inputs, repeats, disabled=NO_SLN)
     for row in rows:
         if row["tool"] in times:
             row["ms"] = times[row["tool"]]
             row["ratio"] = times[row["tool"]] / times["fp32"]
+            row["ms_no_sln"] = unfused[row["tool"]]
     return rows
 
 
@@ -393,8 +406,10 @@ def verdicts(rows: list[dict]) -> list[dict]:
             "error": ours["error"] <= peer["error"],
             "size": ours["kb"] <= GOALS["size"] * peer["kb"],
             "latency": ours["ms"] <= GOALS["latency"] * peer["ms"],
+            "latency_no_sln": ours["ms_no_sln"] <= GOALS["latency"] * peer["ms_no_sln"],
             "error_ratio": ours["error"] / peer["error"] if peer["error"] else math.inf,
             "size_ratio": ours["kb"] / peer["kb"], "latency_ratio": ours["ms"] / peer["ms"],
+            "latency_ratio_no_sln": ours["ms_no_sln"] / peer["ms_no_sln"],
         })
     return out
 
@@ -433,8 +448,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     total = time.perf_counter() - start
     print(table(rows, COLUMNS))
     checks = verdicts(rows)
-    print(table(checks, ["case", "finite", "error", "size", "latency", "error_ratio",
-                         "size_ratio", "latency_ratio"]))
+    print(table(checks, ["case", "finite", "error", "size", "latency", "latency_no_sln",
+                         "error_ratio", "size_ratio", "latency_ratio", "latency_ratio_no_sln"]))
     modelopt_version = None
     if python is not None:
         modelopt_version = subprocess.run(

@@ -562,7 +562,7 @@ def _power_of_two(value: object) -> bool:
 def _arith_refine(node: fx.Node) -> str | None:
     """Operator forms of FP32 ops: ``x * x`` squares (pow), ``1 / x`` is a reciprocal; and an
     exact one: a float tensor times or over a power of two (``0.5 * x`` in GELU, ``s / 8`` in
-    attention) is a ``scale``, NEUTRAL, so the cast plan may compute it on either side of a
+    attention) is an ``exact_scale``, NEUTRAL, so the cast plan may compute it on either side of a
     cast (GPT-2's GELU reads its input in fp32 for ``pow`` and ``0.5 * x`` in fp16: one cast
     each; computed in fp32, both share one)."""
     name = op_name(node)
@@ -575,7 +575,7 @@ def _arith_refine(node: fx.Node) -> str | None:
         dtype = M.info(tensor).dtype if _is_tensor_node(tensor) else None
         if (dtype is not None and dtype.is_floating_point and _power_of_two(number)
                 and not (divides and tensor is not args[0])):  # a known float: not an id
-            return "scale"
+            return "exact_scale"
     if name in ("mul", "multiply", "__mul__", "__rmul__") and len(args) == 2 \
             and _is_tensor_node(args[0]) and args[0] is args[1]:
         return "pow"
@@ -872,7 +872,7 @@ _TABLE: list[Family] = [
         inplace={operator.itruediv: operator.truediv}),
     # NEUTRAL: a float times or over a power of two is exact in any float dtype (refined from
     # arith and div: ``0.5 * x``, ``scores / 8``).
-    _op("scale", N, [], probe=False,
+    _op("exact_scale", N, [], probe=False,
         why="times or over a power of two: exact in any float dtype"),
     _op("activation", P, ["gelu", "silu", "mish", "elu", "selu", "celu", "leaky_relu",
                           "hardswish", "hardsigmoid", "softsign", "logsigmoid", "glu", "prelu",

@@ -206,6 +206,18 @@ def test_a_zoo_bert_file_stores_its_embedding_tables_float16(tmp_path):
     tables = {i.name for i in out.graph.initializer if i.name.endswith("_embeddings.weight")}
     assert "embeddings.word_embeddings.weight" in tables
     assert all(i.data_type == T.FLOAT16 for i in out.graph.initializer if i.name in tables)
+    # bias=True and softmax=True fire on the real file: the attention output and the FFN
+    # output projections (before each residual add) add their bias in float32, and both
+    # layers' attention softmax runs in float32
+    from amprewrite.onnx_lean import _types
+
+    types = _types(out)
+    inits = {i.name: i.data_type for i in out.graph.initializer}
+    widened = [n for n in out.graph.node if n.op_type == "Add"
+               and any(inits.get(i) == T.FLOAT and i.endswith("bias_f32") for i in n.input)]
+    assert len(widened) == 4, [n.input for n in widened]
+    softmax = [n for n in out.graph.node if n.op_type == "Softmax"]
+    assert len(softmax) == 2 and all(types[n.input[0]] == T.FLOAT for n in softmax)
 
 
 def linear_model(shared_sum: bool = False):

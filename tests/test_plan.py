@@ -151,3 +151,37 @@ def test_exhaustive_small_cuts_agree_with_networkx(monkeypatch):
     fast = labels()
     monkeypatch.setattr(_Flow, "EXHAUSTIVE", 0)
     assert labels() == fast
+
+
+def test_a_power_of_two_scale_is_free_so_gelu_reads_its_input_through_one_cast():
+    """GPT-2's GELU, ``0.5 * h * (1 + tanh(c * (h + 0.044715 * h ** 3)))`` after a low linear:
+    ``pow`` needs ``h`` in fp32, and ``0.5 * h`` (exact in any dtype: the NEUTRAL family
+    exact_scale) is computed there too, so ``h`` is cast up once, not once per reader.
+    ``3 * h`` (not a power of two) stays arithmetic, computed in its input's precision."""
+    import math
+
+    import amprewrite
+
+    class Gelu(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = self.fc(x)
+            gelu = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2 / math.pi)
+                                               * (h + 0.044715 * torch.pow(h, 3.0))))
+            return gelu + 3 * h
+
+    x = torch.randn(4, 16)
+    gm = amprewrite.transform(Gelu().eval(), torch.bfloat16, example_inputs=(x,))
+    decisions = {d.node: d for d in amprewrite.report(gm).decisions}
+    linear = next(n for n in gm.graph.nodes if n.target is torch._C._nn.linear)
+    up = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "to"
+          and n.args[1] == torch.float32]
+    # h once for the GELU (0.5 * h had its own cast when it was arithmetic), 3 * h for the sum
+    assert len(up) == 2 and up[0].args[0] is linear, up
+    scales = [d for d in decisions.values() if d.family == "exact_scale"]
+    assert [(d.precision, d.dtype) for d in scales] == [("neutral", "torch.float32")], scales
+    three = [d for d in decisions.values() if d.family == "arith" and d.dtype == "torch.bfloat16"]
+    assert three, decisions  # 3 * h reads the low h directly

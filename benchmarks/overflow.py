@@ -15,7 +15,14 @@ For each case, in fp16 with example inputs and no selector from the user:
 - the same for ``overflow="fp32"`` (``_fp32``) and ``overflow="rescale"`` (``_rescale``);
 - ``ranges_ms`` / ``transform_ms``: record_ranges' time and the whole transform's (median of
   ``--repeats`` transforms in one process, verification included), and their ratio; the same
-  on zoo models (``--zoo``), saved under ``cost``.
+  on zoo models (``--zoo``), saved under ``cost``;
+- under ``spread`` (``--spread N``, default 4; the overflow cases and the ``--zoo`` models):
+  how far a value's largest magnitude moves between the example inputs and N fresh batches
+  drawn like them (floats from a normal of the same mean and spread, integers uniform over the
+  same range): per value (nodes whose magnitude is at least 1e-3 of the graph's largest), the
+  largest magnitude over the fresh batches over the example's; ``max`` and ``p99`` over the
+  values. The headroom of 16 below fp16's maximum (amprewrite.ranges.HEADROOM) is meant to
+  cover this.
 """
 
 from __future__ import annotations
@@ -100,6 +107,50 @@ def cost(name: str, repeats: int) -> dict:
             "transform_ms": total, "ranges_share": rec / total}
 
 
+def _fresh(inputs, seed: int):
+    """A batch drawn like ``inputs``: floats normal with their mean and spread, integers
+    uniform over their range, anything else as it is."""
+    g = torch.Generator().manual_seed(seed)
+
+    def one(t):
+        if not isinstance(t, torch.Tensor) or t.dtype == torch.bool or t.numel() < 2:
+            return t
+        if t.is_floating_point():
+            return torch.randn(t.shape, generator=g) * t.float().std() + t.float().mean()
+        lo, hi = int(t.min()), int(t.max())
+        return torch.randint(lo, hi + 1, t.shape, generator=g, dtype=t.dtype)
+
+    if isinstance(inputs, dict):
+        return {k: one(v) for k, v in inputs.items()}
+    return tuple(one(t) for t in inputs)
+
+
+def _magnitudes(model, inputs) -> dict[str, float]:
+    gm = amprewrite.transform(model, "fp16", example_inputs=inputs, verify=False)
+    return {d.node: d.range.absmax for d in amprewrite.report(gm).decisions
+            if d.range is not None and d.precision != "param"}
+
+
+def spread(name: str, batches: int) -> dict:
+    """How far each value's largest magnitude moves from the example inputs to fresh batches."""
+    from amprewrite.testing import zoo
+
+    if name in overflow.CASES:
+        case = overflow.CASES[name]()
+        model, inputs = case.model, case.inputs
+    else:
+        model, inputs = zoo.MODELS[name]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = _magnitudes(model, inputs)
+        others = [_magnitudes(model, _fresh(inputs, seed)) for seed in range(1, batches + 1)]
+    floor = 1e-3 * max(base.values())
+    ratios = sorted(max(o.get(k, 0.0) for o in others) / v for k, v in base.items()
+                    if v >= floor and all(k in o for o in others))
+    return {"model": name, "values": len(ratios), "max": ratios[-1],
+            "p99": ratios[min(len(ratios) - 1, int(0.99 * len(ratios)))], "batches": batches}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overflow", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,15 +159,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--zoo", nargs="*", default=["llama", "gpt2", "bert", "resnet", "unet2d"],
                         help="zoo models whose transform time record_ranges is measured against")
+    parser.add_argument("--spread", type=int, default=4, metavar="N",
+                        help="fresh batches per model for the range spread (0: skip)")
     args = parser.parse_args(argv)
     rows = []
     for name in args.cases:
         rows.append(measure(name, args.repeats))
         print(f"{name}: done", flush=True)
     costs = [cost(name, args.repeats) for name in args.zoo]
-    save("overflow", rows, {"cost": costs})
+    spreads = ([spread(name, args.spread) for name in [*args.cases, *args.zoo]]
+               if args.spread else [])
+    save("overflow", rows, {"cost": costs, "spread": spreads})
     if costs:
         print(table(costs, ["model", "nodes", "ranges_ms", "transform_ms", "ranges_share"]))
+    if spreads:
+        print(table(spreads, ["model", "values", "max", "p99", "batches"]))
     print(table(rows, ["case", "fp32_max", "by_op_type", "finite", "err", "err_by_hand",
                        "vs_hand", "flops_low", "rescaled", "vs_hand_fp32", "flops_low_fp32",
                        "err_rescale", "vs_hand_rescale",

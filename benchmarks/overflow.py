@@ -28,6 +28,7 @@ For each case, in fp16 with example inputs and no selector from the user:
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import warnings
 
@@ -70,6 +71,7 @@ def measure(name: str, repeats: int) -> dict:
     for mode in ("auto", "fp32", "rescale"):
         totals, ranges = [], []
         for _ in range(repeats):
+            gc.collect()  # a collection of earlier transforms' garbage is not this one's cost
             gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,
                                       overflow=mode)
             timings = amprewrite.report(gm).timings
@@ -98,6 +100,7 @@ def cost(name: str, repeats: int) -> dict:
     model, inputs = zoo.MODELS[name]()
     totals, ranges = [], []
     for _ in range(repeats):
+        gc.collect()
         gm = amprewrite.transform(model, "fp16", example_inputs=inputs)
         timings = amprewrite.report(gm).timings
         totals.append(timings["total"])
@@ -131,11 +134,12 @@ def _magnitudes(model, inputs) -> dict[str, float]:
             if d.range is not None and d.precision != "param"}
 
 
-def spread(name: str, batches: int) -> dict:
-    """How far each value's largest magnitude moves from the example inputs to fresh batches."""
+def spread(name: str, batches: int, source: str = "overflow") -> dict:
+    """How far each value's largest magnitude moves from the example inputs to fresh batches;
+    ``source``: ``"overflow"`` (an overflow case) or ``"zoo"`` (a zoo model)."""
     from amprewrite.testing import zoo
 
-    if name in overflow.CASES:
+    if source == "overflow":
         case = overflow.CASES[name]()
         model, inputs = case.model, case.inputs
     else:
@@ -147,7 +151,7 @@ def spread(name: str, batches: int) -> dict:
     floor = 1e-3 * max(base.values())
     ratios = sorted(max(o.get(k, 0.0) for o in others) / v for k, v in base.items()
                     if v >= floor and all(k in o for o in others))
-    return {"model": name, "values": len(ratios), "max": ratios[-1],
+    return {"model": f"{source}:{name}", "values": len(ratios), "max": ratios[-1],
             "p99": ratios[min(len(ratios) - 1, int(0.99 * len(ratios)))], "batches": batches}
 
 
@@ -167,8 +171,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(measure(name, args.repeats))
         print(f"{name}: done", flush=True)
     costs = [cost(name, args.repeats) for name in args.zoo]
-    spreads = ([spread(name, args.spread) for name in [*args.cases, *args.zoo]]
-               if args.spread else [])
+    spreads = ([spread(name, args.spread) for name in args.cases]
+               + [spread(name, args.spread, "zoo") for name in args.zoo] if args.spread else [])
     save("overflow", rows, {"cost": costs, "spread": spreads})
     if costs:
         print(table(costs, ["model", "nodes", "ranges_ms", "transform_ms", "ranges_share"]))

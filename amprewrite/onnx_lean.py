@@ -278,11 +278,7 @@ def _store_tables_low(graph: onnx.GraphProto) -> list[str]:
                                                       to=TensorProto.FLOAT)
         stored.append(init.name)
     nodes = [m for n in graph.node for m in ([n, after[id(n)]] if id(n) in after else [n])]
-    copies = [onnx.NodeProto() for _ in nodes]
-    for copy, node in zip(copies, nodes):
-        copy.CopyFrom(node)
-    del graph.node[:]
-    graph.node.extend(copies)
+    _set_nodes(graph, nodes)
     return stored
 
 
@@ -333,11 +329,7 @@ def _widen_before_bias(graph: onnx.GraphProto, types: dict[str, int]) -> int:
     casts = set(moved.values())
     nodes = [m for i, n in enumerate(graph.node) if i not in casts
              for m in ([graph.node[moved[i]], n] if i in moved else [n])]
-    copies = [onnx.NodeProto() for _ in nodes]
-    for copy, node in zip(copies, nodes):
-        copy.CopyFrom(node)
-    del graph.node[:]
-    graph.node.extend(copies)
+    _set_nodes(graph, nodes)
     infos = [v for v in graph.value_info if v.name not in stale]
     del graph.value_info[:]
     graph.value_info.extend(infos)
@@ -366,12 +358,17 @@ def _softmax_in_float32(graph: onnx.GraphProto, types: dict[str, int]) -> int:
         return 0
     nodes = [m for i, n in enumerate(graph.node)
              for m in ([around[i][0], n, around[i][1]] if i in around else [n])]
+    _set_nodes(graph, nodes)
+    return len(around)
+
+
+def _set_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Make ``nodes`` (some of them the graph's own) the graph's node list, in that order."""
     copies = [onnx.NodeProto() for _ in nodes]
     for copy, node in zip(copies, nodes):
-        copy.CopyFrom(node)
+        copy.CopyFrom(node)  # copied first: clearing the list frees the graph's own messages
     del graph.node[:]
     graph.node.extend(copies)
-    return len(around)
 
 
 def _fresh(name: str, taken: set[str]) -> str:

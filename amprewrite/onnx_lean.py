@@ -481,10 +481,18 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
 
 
 def _fold_unless_weight_cast(node) -> bool | None:
-    """onnxscript's folding rule, except for a cast of an initializer: one still there is
-    also read in its own type, and folding it would store the weight twice."""
-    if node.op_type in ("Cast", "CastLike") and node.inputs[0] is not None \
-            and node.inputs[0].is_initializer():
+    """onnxscript's folding rule, except for a cast of an initializer that something else
+    also reads in its own type (folding it would store the weight twice) or that widens a
+    float (a table stored float16 on purpose). Any other cast that is the initializer's only
+    reader folds: a mask's bool to int64 cast, so the chain after it folds too and the file
+    reads a constant instead of computing it at every run."""
+    source = node.inputs[0] if node.op_type in ("Cast", "CastLike") and node.inputs else None
+    if source is None or not source.is_initializer():
+        return None
+    into = node.outputs[0].dtype
+    widens = (source.dtype is not None and source.dtype.is_floating_point()
+              and into is not None and into.itemsize > source.dtype.itemsize)
+    if widens or len(source.uses()) > 1:
         return False
     return None
 

@@ -294,3 +294,39 @@ def test_softmax_computes_a_float16_softmax_in_float32():
     np.testing.assert_allclose(got, want, rtol=0, atol=float(np.finfo(np.float16).eps))
     plain = next(n for n in lean(model).graph.node if n.op_type == "Softmax")
     assert list(plain.input) == ["x16"]  # asked for, not by default
+
+
+def test_a_constant_mask_behind_a_bool_cast_is_computed_once_at_export_not_at_every_run():
+    """A causal mask the export leaves as ops on initializers (a bool value cast to int64,
+    a cumsum, a comparison, a where): the whole chain folds into one initializer, and the
+    outputs are bit for bit the file's. A float16 table widened where it is read keeps its
+    cast (stored float16 on purpose)."""
+    pad = numpy_helper.from_array(np.array([[False, False, True, False]]), "pad")
+    table = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((1, 4)).astype(np.float16), "table16")
+    nodes = [
+        h.make_node("Not", ["pad"], ["keep"]),  # folds first, then the cast of its value
+        cast("keep", "keep64", T.INT64),
+        h.make_node("CumSum", ["keep64", "axis"], ["pos"]),
+        h.make_node("Unsqueeze", ["pos", "one"], ["col"]),
+        h.make_node("Unsqueeze", ["pos", "two"], ["row"]),
+        h.make_node("LessOrEqual", ["col", "row"], ["causal"]),
+        h.make_node("Where", ["causal", "zero", "minus"], ["mask"]),
+        cast("table16", "table", T.FLOAT),
+        h.make_node("Add", ["x", "table"], ["xt"]),
+        h.make_node("Unsqueeze", ["xt", "one"], ["xu"]),
+        h.make_node("Add", ["xu", "mask"], ["y"]),
+    ]
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n)
+              for n, v in (("axis", 1), ("one", [2]), ("two", [1]))]
+    consts += [numpy_helper.from_array(np.array(v, np.float32), n)
+               for n, v in (("zero", 0.0), ("minus", -1e4))]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 4])],
+                         [pad, table, *consts])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+    out = lean(model)
+    assert [n.op_type for n in out.graph.node] == ["Cast", "Add", "Unsqueeze", "Add"]
+    assert next(i for i in out.graph.initializer if i.name == "table16").data_type == T.FLOAT16
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)}
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])

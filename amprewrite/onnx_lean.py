@@ -15,9 +15,10 @@ rewrites that are exact, value for value:
 - a cast to the type its input already has, an ``Identity``, and a widening round trip
   (``float16 -> float32 -> float16``: every float16 is a float32) read their input instead;
 - two casts of one value to one type are one;
-- then onnxscript's constant folding, common-subexpression elimination and dead-node removal
-  (the passes of its optimizer other than its pattern rewrites, one of which folds a batch norm
-  kept in float32 into the float16 Conv before it, see ``deploy._write_onnx``);
+- then onnxscript's constant folding, common-subexpression elimination and dead-node removal,
+  and those of its optimizer's pattern rewrites that replace a node by its input (``x + 0``,
+  ``x * 1``, a ``Gemm``'s all-zero bias; not the others: one folds a batch norm kept in float32
+  into the float16 Conv before it, see ``deploy._write_onnx``);
 - node metadata and doc strings are dropped (torch's stack traces, not read by any runtime).
 
 A lossy cast pair (``float32 -> float16 -> float32``) is a rounding the plan asked for and stays.
@@ -497,8 +498,27 @@ def _fold_unless_weight_cast(node) -> bool | None:
     return None
 
 
+def _identities():
+    """The pattern rewrites of onnxscript's optimizer that replace a node by its input: ``x + 0``,
+    ``x - 0``, ``x * 1``, ``x / 1``, an inference ``Dropout``, a ``Transpose`` or ``Expand`` that
+    changes nothing, and an all-zero bias of a ``Gemm`` or ``Conv`` (``torch.onnx`` applies them
+    to a float32 file; a freshly initialised Hugging Face model's biases are zero). Not its
+    others: two casts made one, or a batch norm folded into a float16 convolution, round
+    differently."""
+    from onnxscript import rewriter
+    from onnxscript.rewriter.rules import common as rules
+
+    return rewriter.RewritePass(rewriter.RewriteRuleSet([
+        *rules.mul_by_1_rule.commute(), *rules.add_0_rule.commute(), rules.sub_0_rule,
+        rules.div_by_1_rule, rules.dropout_zero_rule, rules.dropout_inference_rule,
+        rules.no_op_transpose_rule, rules.no_op_expand_rule,
+        rules.remove_optional_bias_from_gemm_rule, rules.remove_optional_bias_from_conv_rule,
+        rules.remove_optional_bias_from_conv_transpose_rule]))
+
+
 def _onnxscript_folds(model: onnx.ModelProto) -> onnx.ModelProto:
-    """onnxscript's constant folding, CSE and dead-node passes (no pattern rewrites)."""
+    """onnxscript's constant folding, CSE and dead-node passes, and of its pattern rewrites
+    those that replace a node by its input (:func:`_identities`)."""
     from onnxscript import ir
     from onnxscript.ir.passes import common
     from onnxscript.optimizer import _constant_folding
@@ -508,7 +528,7 @@ def _onnxscript_folds(model: onnx.ModelProto) -> onnx.ModelProto:
         common.InlinePass(),
         ir.passes.PassManager([_constant_folding.FoldConstantsPass(
             shape_inference=True, input_size_limit=8192, output_size_limit=262144,
-            should_fold=_fold_unless_weight_cast),
+            should_fold=_fold_unless_weight_cast), _identities(),
             common.RemoveUnusedNodesPass()], steps=2, early_stop=True),
         common.CommonSubexpressionEliminationPass(),
         common.RemoveUnusedNodesPass(),

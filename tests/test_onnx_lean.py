@@ -330,3 +330,31 @@ def test_a_constant_mask_behind_a_bool_cast_is_computed_once_at_export_not_at_ev
     assert next(i for i in out.graph.initializer if i.name == "table16").data_type == T.FLOAT16
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)}
     np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])
+
+
+def test_a_zero_bias_and_arithmetic_identities_go_and_everything_else_stays():
+    """``Gemm`` with an all-zero bias reads no bias (what torch.onnx's optimizer does to a
+    float32 file; a fresh Hugging Face model's biases are zero), ``x * 1`` and ``x + 0`` read
+    ``x``; a nonzero bias and a float16 round trip stay. Bit for bit the same outputs."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("w", rng.standard_normal((8, 8)).astype(np.float16)),
+        ("zero", np.zeros(8, np.float16)),
+        ("bias", rng.standard_normal(8).astype(np.float16)),
+        ("one", np.array(1.0, np.float16)), ("nought", np.array(0.0, np.float16)))]
+    nodes = [
+        cast("x", "x16", T.FLOAT16),
+        h.make_node("Gemm", ["x16", "w", "zero"], ["a"]),
+        h.make_node("Mul", ["a", "one"], ["b"]),
+        h.make_node("Add", ["nought", "b"], ["c"]),
+        h.make_node("Gemm", ["c", "w", "bias"], ["d"]),
+        cast("d", "y", T.FLOAT),
+    ]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [2, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [2, 8])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 20)], ir_version=10)
+    out = lean(model)
+    assert [(n.op_type, len(n.input)) for n in out.graph.node] == [
+        ("Cast", 1), ("Gemm", 2), ("Gemm", 3), ("Cast", 1)]
+    feeds = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
+    np.testing.assert_array_equal(run(out, feeds)[0], run(model, feeds)[0])

@@ -416,7 +416,7 @@ def test_overflow_option_is_checked():
 
 
 # --- the torch.compile backend -----------------------------------------------------------------
-def _compiled(model, *inputs):
+def _compiled(model, *inputs, dynamic=None):
     """Compile with the backend (eager inside); returns (output, transformed graphs)."""
     gms = []
 
@@ -425,8 +425,26 @@ def _compiled(model, *inputs):
         return gm.forward
 
     torch._dynamo.reset()
-    out = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner=record))(*inputs)
+    out = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner=record),
+                        dynamic=dynamic)(*inputs)
     return out, gms
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_backend_rescales_what_transform_rescales(dynamic):
+    # The backend's graphs take the parameters as inputs: a placeholder the call hands an
+    # nn.Parameter is a weight auto may scale (it read none before: fp32 left 1/3 low).
+    torch.manual_seed(0)
+    model, inputs = overflow.T5FeedForward(layers=3).eval(), (torch.randn(2, 32, 64),)
+    overflow._scale_to(model, inputs, "wi.1", 2e5)
+    overflow._scale_to(model, inputs, "wi.2", 2e5)
+    out, (gm,) = _compiled(model, *inputs, dynamic=dynamic)
+    low, total = overflow.matmul_flops(gm)
+    assert low == pytest.approx(total / 2)
+    rescaled = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "rescale_matmuls"]
+    assert [r.module_path for r in rescaled] == ["wi.2"], rescaled
+    gm = amprewrite.transform(model, "fp16", example_inputs=inputs, verify=False)
+    assert rel_err(out, model(*inputs)) <= 1.01 * rel_err(gm(*inputs), model(*inputs))
 
 
 def test_backend_reads_the_ranges_of_the_call_it_compiles_for():

@@ -101,7 +101,7 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
     for p in passes:
         if isinstance(p, TransformBodies):
             p.run_inner = _run_inner
-        elif isinstance(p, (RecordRanges, Float8Linears)):
+        elif isinstance(p, (RecordRanges, RescaleMatmuls, Float8Linears)):
             p.example_inputs = example_inputs
         elif isinstance(p, PaintPrecision):
             p.declared = declared

@@ -215,6 +215,15 @@ def matmul_flops(gm: fx.GraphModule, node: fx.Node) -> float | None:
     return 2.0 * out.numel * (shape[-1] or 1)
 
 
+def given_parameters(gm: fx.GraphModule, example_inputs: object) -> frozenset[fx.Node]:
+    """The placeholders a call hands an ``nn.Parameter``: the backend's graphs take the
+    module's parameters as inputs (transform's graphs read them with get_attr, and their
+    placeholders are the user's inputs)."""
+    given = example_inputs if isinstance(example_inputs, (tuple, list)) else ()
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(n for n, v in zip(holders, given) if isinstance(v, torch.nn.Parameter))
+
+
 def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The arguments of a call by parameter name, defaults filled in; a method call
     ``x.index_select(0, i)`` binds like ``torch.index_select(x, 0, i)``. None when they cannot

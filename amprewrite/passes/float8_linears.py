@@ -34,7 +34,7 @@ from ..capture import split_inputs
 from ..ops import Precision, is_plain_matmul
 from ..report import record
 from ..verify import rel_err, replayed
-from .base import Kind, Pass, arguments, matmul_operands
+from .base import Kind, Pass, arguments, given_parameters, matmul_operands
 from .paint_precision import matches
 
 __all__ = ["Float8Linears", "errors"]
@@ -143,11 +143,7 @@ class Float8Linears(Pass):
     def _candidates(self, gm: fx.GraphModule, spec: f8.Float8):
         training = gm.training
         out, verdicts = [], {}
-        # The backend's graphs take parameters as inputs: a placeholder is a weight where the
-        # call hands it an nn.Parameter, never a user's input (transform's placeholders).
-        holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        given = self.example_inputs if isinstance(self.example_inputs, tuple) else ()
-        params = {n for n, v in zip(holders, given) if isinstance(v, torch.nn.Parameter)}
+        params = given_parameters(gm, self.example_inputs)
         for node in list(gm.graph.nodes):
             if node.meta.get(M.CLASS) != Precision.LOW:
                 continue

@@ -41,11 +41,12 @@ from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32,
 from .base import (
     Kind,
     Match,
+    Pass,
     Replacement,
     Rule,
-    RulePass,
     apply_rules,
     arguments,
+    given_parameters,
     matmul_flops,
     matmul_operands,
 )
@@ -71,10 +72,12 @@ def _scaled(m: Match, value: fx.Node, s: float) -> fx.Node:
     return node
 
 
-def _exponent(node: fx.Node, args: dict | None, low: torch.dtype) -> int | None:
+def _exponent(node: fx.Node, args: dict | None, low: torch.dtype,
+              params: frozenset[fx.Node] = frozenset()) -> int | None:
     """k such that the matmul ``node`` computes in range on its weight scaled by ``2**-k``;
     None where it is not rescalable (result in range, an input past it, a weight that is not a
-    parameter or that fp16 cannot hold, ranges unknown)."""
+    parameter or that fp16 cannot hold, ranges unknown). ``params``: the placeholders that are
+    parameters (the backend's graphs, :func:`~amprewrite.passes.base.given_parameters`)."""
     out = _range(node)
     found = matmul_operands(node, args)
     if found is None or out is None or M.info(node).dtype != torch.float32:
@@ -83,7 +86,8 @@ def _exponent(node: fx.Node, args: dict | None, low: torch.dtype) -> int | None:
     data, weight = args[data_key], args[weight_key]
     bias = args.get(bias_key) if bias_key else None
     rd, rw = _range(data), _range(weight)
-    if rd is None or rw is None or not isinstance(weight, fx.Node) or weight.op != "get_attr":
+    if (rd is None or rw is None or not isinstance(weight, fx.Node)
+            or not (weight.op == "get_attr" or weight in params)):
         return None  # only a parameter is scaled: an activation could fall into subnormals
     if bias is not None and _range(bias) is None:
         return None
@@ -102,12 +106,13 @@ def _vouched(node: fx.Node, policy) -> bool:
                for sel in policy.allow_low)
 
 
-def _rescale(m: Match, only: frozenset[fx.Node] | None = None) -> Replacement | None:
+def _rescale(m: Match, params: frozenset[fx.Node],
+             only: frozenset[fx.Node] | None = None) -> Replacement | None:
     low = m.policy.dtype
     node = m.node
     if _vouched(node, m.policy) or (only is not None and node not in only):
         return None
-    k = _exponent(node, m.args, low)
+    k = _exponent(node, m.args, low, params)
     if k is None:
         return None
     out = _range(node)
@@ -139,7 +144,8 @@ _AUTO_WHY = f" (fp32 would leave under {LOW_FLOPS:.0%} of the matmul FLOPs in fp
 _TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions)
 
 
-def auto_choice(gm: fx.GraphModule, policy) -> frozenset[fx.Node]:
+def auto_choice(gm: fx.GraphModule, policy,
+                params: frozenset[fx.Node] = frozenset()) -> frozenset[fx.Node]:
     """The matmuls ``overflow="auto"`` rescales: none while the ranges leave at least
     :data:`LOW_FLOPS` of the matmul FLOPs low, else rescalable ones from the output backwards
     until they do."""
@@ -153,7 +159,8 @@ def auto_choice(gm: fx.GraphModule, policy) -> frozenset[fx.Node]:
         total += flops
         if range_reason(node, low) is None or _vouched(node, policy):
             low_flops += flops
-        elif node.target in _TARGETS and _exponent(node, arguments(gm, node), low) is not None:
+        elif (node.target in _TARGETS
+              and _exponent(node, arguments(gm, node), low, params) is not None):
             rescalable.append((node, flops))
     chosen: list[fx.Node] = []
     for node, flops in reversed(rescalable):
@@ -164,21 +171,20 @@ def auto_choice(gm: fx.GraphModule, policy) -> frozenset[fx.Node]:
     return frozenset(chosen)
 
 
-class RescaleMatmuls(RulePass):
+class RescaleMatmuls(Pass):
     name, kind = "rescale_matmuls", Kind.REWRITE
     requires = (M.ORIG, M.RANGE)
     writes = (M.ORIG, M.RANGE, M.FORCE)
-    rules = (Rule(_TARGETS, _rescale),)
+    example_inputs: object = None  # the backend's call: which placeholders are parameters
 
     def run(self, gm: fx.GraphModule) -> bool:
         policy = self.policy
         if (policy is None or policy.overflow == "fp32"
                 or not narrower_than_fp32(policy.dtype)):
             return False  # bfloat16 (fp32's range: nothing to rescale)
-        if policy.overflow == "rescale":
-            return super().run(gm)
-        only = auto_choice(gm, policy)
-        if not only:
+        params = given_parameters(gm, self.example_inputs)
+        only = None if policy.overflow == "rescale" else auto_choice(gm, policy, params)
+        if only is not None and not only:
             return False
-        rule = Rule(_TARGETS, lambda m: _rescale(m, only))
+        rule = Rule(_TARGETS, lambda m: _rescale(m, params, only))
         return bool(apply_rules(gm, (rule,), policy))

@@ -352,7 +352,8 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
         # ("bound to different types"). onnx_lean.lean runs its folding passes without that
         # rewrite.
         torch.onnx.export(ep, args, os.fspath(path), kwargs=kwargs, dynamo=True,
-                          optimize=False, verbose=False, external_data=external)
+                          optimize=False, verbose=False, external_data=external,
+                          custom_translation_table=_transformers_translations())
     except Exception as exc:
         raise DeployError(
             f"torch.onnx.export failed on the exported program: {type(exc).__name__}: "
@@ -377,6 +378,17 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
         data.unlink(missing_ok=True)  # onnx.save appends to an existing data file
     onnx.save(model, os.fspath(path), save_as_external_data=external, location=data.name)
     return [path, data] if external and data.exists() else [path]
+
+
+def _transformers_translations() -> dict | None:
+    """transformers' own ONNX translations of ops torch.onnx has none for (its exporter's table,
+    ``transformers.exporters.exporter_onnx``): its MoE experts' ``grouped_mm_fallback`` (Mixtral,
+    Qwen3-MoE), ``_grouped_mm``, ``bincount``. None without a transformers that ships one."""
+    try:
+        from transformers.exporters.exporter_onnx import _ONNX_TRANSLATION_TABLE
+    except Exception:  # not installed, or older than its exporters (5.2x)
+        return None
+    return dict(_ONNX_TRANSLATION_TABLE) or None
 
 
 def _name_onnx_io(model, ep) -> None:

@@ -360,3 +360,19 @@ def test_inputs_flag_says_it_replaces_the_factorys_inputs(models, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "note: --inputs replaces the example inputs" in done.stderr
     assert "float32[4,3,8,8]" in done.stderr  # what the factory's were
+
+
+def test_an_moe_model_exports_to_fp16_onnx_with_transformers_translations(tmp_path):
+    """Mixtral's experts run transformers' ``grouped_mm_fallback`` op, which torch.onnx cannot
+    translate alone; transformers' exporter ships its translation, which the export uses."""
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+    pytest.importorskip("transformers.exporters.exporter_onnx")
+    from amprewrite.testing import zoo
+
+    model, inputs = zoo.MODELS["mixtral"]()
+    result = deploy.export(model, inputs, path=tmp_path / "mixtral.onnx", to="onnx",
+                           dtype="fp16")
+    assert result.passed, result.summary()
+    assert len(result.rows) == 2  # the example batch and another
+    assert all(r.error <= r.autocast_error for r in result.rows), result.rows

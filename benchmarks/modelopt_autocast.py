@@ -57,7 +57,10 @@ calibrated one. Columns per file:
   (``disabled_optimizers``): onnxruntime 1.32's CPU SkipLayerNormalization is 4-7x slower than
   the Add and LayerNormalization it replaces (47 against 12.5 us at 2 x 64 x 64, 322 against
   45 us at 2 x 128 x 256, fp32), and it matches every fp32 residual add before an fp32 norm,
-  which amprewrite's files have and ModelOpt's, with a cast between the two, mostly do not.
+  which amprewrite's files have and ModelOpt's, with a cast between the two, mostly do not;
+  ``ms_venv``: the same files timed by the onnxruntime of ModelOpt's venv (the version
+  ``nvidia-modelopt[onnx]`` installs, 1.24.4, on its CPU provider; its SkipLayerNormalization
+  is not slower than the two ops), in a subprocess.
 
 Goals (issue 36): on every case amprewrite finite wherever either tool is, error <= ModelOpt's,
 file size <= 1.1x ModelOpt's, latency <= 1.05x ModelOpt's. Writes
@@ -94,7 +97,10 @@ TOOLS = ["fp32", "modelopt", "modelopt_random", "amprewrite"]
 GOALS = {"size": 1.1, "latency": 1.05}
 NO_SLN = ("SkipLayerNormFusion",)
 COLUMNS = ["case", "tool", "error", "ort_error", "nonfinite", "fp32_nodes", "casts", "kb",
-           "ms", "ratio", "ms_no_sln", "note"]
+           "ms", "ratio", "ms_no_sln", "ms_venv", "note"]
+VERDICT_COLUMNS = ["case", "finite", "error", "size", "latency", "latency_no_sln",
+                   "latency_venv", "error_ratio", "size_ratio", "latency_ratio",
+                   "latency_ratio_no_sln", "latency_ratio_venv"]
 # Ops that move or describe data without arithmetic: not counted as fp32 compute.
 _NOT_COMPUTE = {"Cast", "CastLike", "Constant", "Identity", "Shape", "Reshape", "Transpose",
                 "Unsqueeze", "Squeeze", "Concat", "Slice", "Gather", "GatherND", "Expand",
@@ -384,12 +390,55 @@ def measure(case: str, out: Path, python: Path | None, repeats: int,
     # onnxruntime 1.32's CPU SkipLayerNormalization, which it fuses from an fp32 Add and
     # LayerNormalization, is 4-7x slower than the two (docs/benchmarks.md): without that fusion
     unfused = latencies(ok, inputs, repeats, disabled=NO_SLN)
+    other = venv_latencies(python, ok, inputs, repeats, out) if python is not None else {}
     for row in rows:
         if row["tool"] in times:
             row["ms"] = times[row["tool"]]
             row["ratio"] = times[row["tool"]] / times["fp32"]
             row["ms_no_sln"] = unfused[row["tool"]]
+            if row["tool"] in other:
+                row["ms_venv"] = other[row["tool"]]
     return rows
+
+
+_TIMER = r"""
+import json, sys, time
+import numpy as np, onnxruntime
+job = json.loads(sys.argv[1])
+arrays = np.load(job["inputs"])
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = options.inter_op_num_threads = 1
+options.log_severity_level = 3
+runs = {}
+for tool, path in job["paths"].items():
+    s = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feeds = {i.name: arrays[f"arr_{k}"] for k, i in enumerate(s.get_inputs())}
+    runs[tool] = (s, feeds)
+times = {tool: [] for tool in runs}
+for k in range(job["repeats"] + 5):
+    for tool, (s, feeds) in runs.items():
+        start = time.perf_counter()
+        s.run(None, feeds)
+        if k >= 5:
+            times[tool].append(time.perf_counter() - start)
+print(json.dumps({t: 1e3 * float(np.median(v)) for t, v in times.items()}))
+"""
+
+
+def venv_latencies(python: Path, paths: dict[str, Path], inputs: tuple, repeats: int,
+                   out: Path) -> dict[str, float]:
+    """:func:`latencies` in the ModelOpt venv's onnxruntime (its own version), in a subprocess;
+    empty where that fails."""
+    arrays = out / "inputs.npz"
+    np.savez(arrays, *[t.numpy() for t in inputs])
+    job = {"paths": {t: os.fspath(p) for t, p in paths.items()}, "inputs": os.fspath(arrays),
+           "repeats": repeats}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([os.fspath(python), "-c", _TIMER, json.dumps(job)],
+                          capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -411,6 +460,9 @@ def verdicts(rows: list[dict]) -> list[dict]:
             "size_ratio": ours["kb"] / peer["kb"], "latency_ratio": ours["ms"] / peer["ms"],
             "latency_ratio_no_sln": ours["ms_no_sln"] / peer["ms_no_sln"],
         })
+        if "ms_venv" in ours and "ms_venv" in peer:
+            out[-1]["latency_venv"] = ours["ms_venv"] <= GOALS["latency"] * peer["ms_venv"]
+            out[-1]["latency_ratio_venv"] = ours["ms_venv"] / peer["ms_venv"]
     return out
 
 
@@ -448,8 +500,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     total = time.perf_counter() - start
     print(table(rows, COLUMNS))
     checks = verdicts(rows)
-    print(table(checks, ["case", "finite", "error", "size", "latency", "latency_no_sln",
-                         "error_ratio", "size_ratio", "latency_ratio", "latency_ratio_no_sln"]))
+    print(table(checks, VERDICT_COLUMNS))
     modelopt_version = None
     if python is not None:
         modelopt_version = subprocess.run(

@@ -475,3 +475,56 @@ def test_on_the_zoo_no_range_decides_anything(name):
     decisions = amprewrite.report(gm).decisions
     assert any(d.range is not None for d in decisions if d.family)  # ranges were recorded
     assert not [d.node for d in decisions if d.reason.startswith(("range", "declared"))]
+
+
+class _ConvStack(nn.Module):
+    """Two 3x3 convolutions and a 1x1 head; the second's output passes fp16's range (3e4 times
+    its weight) and the head brings it back (1e-5 times its weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 64, 3, padding=1)
+        self.head = nn.Conv2d(64, 4, 1)
+        with torch.no_grad():
+            self.b.weight.mul_(3e4)
+            self.b.bias.mul_(3e4)
+            self.head.weight.mul_(1e-5)
+
+    def forward(self, x):
+        return self.head(self.b(torch.relu(self.a(x))))
+
+
+def test_a_convolution_is_rescaled_like_a_matmul_and_counted_by_its_kernel():
+    torch.manual_seed(0)
+    model, x = _ConvStack().eval(), torch.randn(2, 3, 16, 16)
+    gm = amprewrite.transform(model, "fp16", example_inputs=(x,), overflow="rescale")
+    (rescaled,) = [r for r in amprewrite.report(gm).rewrites if r.pass_name == "rescale_matmuls"]
+    assert rescaled.module_path == "b" and "weight * 2^-" in rescaled.reason, rescaled
+    ref = model(x)
+    assert rel_err(gm(x), ref) < 2e-3  # fp16's class of error, and finite
+    kept = amprewrite.transform(model, "fp16", example_inputs=(x,), overflow="fp32")
+    # FLOPs: 2 x output elements x (in-channels x kernel), e.g. b: 2 x (2 x 64 x 16 x 16) x 16 x 9
+    low, total = overflow.matmul_flops(kept)
+    flops = {"a": 2 * 2 * 16 * 256 * 3 * 9, "b": 2 * 2 * 64 * 256 * 16 * 9,
+             "head": 2 * 2 * 4 * 256 * 64}
+    assert total == sum(flops.values())
+    assert low == flops["a"]  # the head reads b's value, past the range: fp32 either way
+    assert overflow.matmul_flops(gm)[0] == flops["a"] + flops["b"]
+
+
+def test_auto_adds_no_rounding_where_half_the_flops_are_out_of_reach():
+    # The big conv's output is read by a wider conv, which reads a value past the range and
+    # stays fp32 either way (no activation is scaled): rescaling b would bring 22% of the
+    # FLOPs to fp16, not half, so overflow="auto" keeps the accurate plan.
+    torch.manual_seed(0)
+    model, x = _ConvStack().eval(), torch.randn(2, 3, 16, 16)
+    model.head = nn.Conv2d(64, 256, 3, padding=1)
+    gm = amprewrite.transform(model, "fp16", example_inputs=(x,), overflow="fp32")
+    low, total = overflow.matmul_flops(gm)
+    assert low < 0.05 * total
+    rescaled = amprewrite.transform(model, "fp16", example_inputs=(x,), overflow="rescale")
+    assert 0.05 * total < overflow.matmul_flops(rescaled)[0] < 0.5 * total
+    auto = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    assert not [r for r in amprewrite.report(auto).rewrites if r.pass_name == "rescale_matmuls"]
+    assert torch.equal(auto(x), gm(x))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import math
 import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import fx
-from torch.fx.operator_schemas import normalize_function
+from torch.fx.operator_schemas import get_signature_for_torch_op, normalize_function
 from torch.fx.passes.infra.pass_base import PassResult
 
 from .. import meta as M
@@ -176,14 +177,16 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
     """A matmul call's arguments by name (``args``: :func:`arguments`), and which of them are
     the data, the weight and the bias: ``linear(input, weight, bias)``, ``addmm(input=bias,
     mat1, mat2)`` (beta = alpha = 1), ``matmul(input, other)`` / ``mm(input, mat2)``, ``x @ w``,
-    and their ATen overloads (``self`` for ``input``); None for other spellings."""
+    a convolution ``conv2d(input, weight, bias, stride, ...)`` (and its transposed and ATen
+    spellings), and their ATen overloads (``self`` for ``input``); None for other spellings."""
     if node.target is operator.matmul and len(node.args) == 2 and not node.kwargs:
         return {"input": node.args[0], "other": node.args[1]}, "input", "other", None
     if args is None:
         return None
     data = "self" if "self" in args else "input"  # an ATen overload names it self
     keys = set(args) - {data} | {"input"}
-    if keys == {"input", "weight", "bias"}:
+    if keys == {"input", "weight", "bias"} or (
+            {"input", "weight", "bias"} <= keys and keys - {"input", "weight", "bias"} <= _CONV):
         return args, data, "weight", "bias"
     if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
         if args["beta"] != 1 or args["alpha"] != 1:
@@ -192,6 +195,9 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
     if keys in ({"input", "other"}, {"input", "mat2"}):
         return args, data, ("other" if "other" in keys else "mat2"), None
     return None
+
+
+_CONV = {"stride", "padding", "dilation", "groups", "transposed", "output_padding"}
 
 
 def matmul_flops(gm: fx.GraphModule, node: fx.Node) -> float | None:
@@ -212,6 +218,17 @@ def matmul_flops(gm: fx.GraphModule, node: fx.Node) -> float | None:
     shape = M.info(first).shape if isinstance(first, fx.Node) else None
     if out.numel is None or not shape:
         return None
+    if fam.name in ("conv", "conv_transpose"):  # each output (input, transposed) element
+        weight = args.get("weight")  # reads in-channels/groups x kernel of the weight
+        wshape = M.info(weight).shape if isinstance(weight, fx.Node) else None
+        if not wshape or None in wshape or len(wshape) < 2:
+            return None
+        # conv_tbc's weight is (kernel, in, out); the others' (out or in, channels, kernel...)
+        per = (math.prod(wshape[:-1]) if "conv_tbc" in str(getattr(node.target, "__name__", ""))
+               else math.prod(wshape[1:]))
+        transposed = fam.name == "conv_transpose" or bool(args.get("transposed"))
+        count = M.info(first).numel if transposed else out.numel
+        return None if count is None else 2.0 * count * per
     return 2.0 * out.numel * (shape[-1] or 1)
 
 
@@ -227,18 +244,44 @@ def given_parameters(gm: fx.GraphModule, example_inputs: object) -> frozenset[fx
 def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
     """The arguments of a call by parameter name, defaults filled in; a method call
     ``x.index_select(0, i)`` binds like ``torch.index_select(x, 0, i)``. None when they cannot
-    be bound (a builtin without a signature, an overload the arguments do not pick)."""
+    be bound (a builtin without a signature, an overload the arguments do not pick).
+    Overloads that differ only by a ``str`` parameter (``conv2d``'s ``padding="same"`` or a
+    list) are told apart by the value given: torch's normalisation calls them ambiguous."""
+    if node.op == "call_function":
+        fn = node.target
+    elif node.op == "call_method" and callable(getattr(torch, str(node.target), None)):
+        fn = getattr(torch, str(node.target))
+    else:
+        return None
     try:
         if node.op == "call_function":
             pair = node.normalized_arguments(gm, normalize_to_only_use_kwargs=True)
-        elif node.op == "call_method" and callable(fn := getattr(torch, str(node.target), None)):
+        else:
             pair = normalize_function(fn, node.args, node.kwargs,
                                       normalize_to_only_use_kwargs=True)
-        else:
-            return None
+    except Exception:
+        return _by_str_parameter(fn, node.args, node.kwargs)
+    return None if pair is None else dict(pair.kwargs)
+
+
+def _by_str_parameter(fn: object, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """The one signature of ``fn`` the arguments bind to where a parameter declared ``str``
+    gets a str and no other parameter does (defaults filled in), else None."""
+    try:
+        signatures = get_signature_for_torch_op(fn) or []
     except Exception:
         return None
-    return None if pair is None else dict(pair.kwargs)
+    found = []
+    for sig in signatures:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            continue
+        if all((sig.parameters[k].annotation is str) == isinstance(v, str)
+               for k, v in bound.arguments.items()):
+            bound.apply_defaults()
+            found.append(dict(bound.arguments))
+    return found[0] if len(found) == 1 else None
 
 
 def apply_rules(gm: fx.GraphModule, rules: Iterable[Rule], policy: Policy | None = None,

@@ -6,6 +6,7 @@ would leave less than half of the matmul FLOPs in fp16 (:data:`LOW_FLOPS`).
 Matches (with ``meta[RANGE]`` from record_ranges, in fp16, where the result passes
 :func:`amprewrite.ranges.range_limit` and the inputs do not):
     ``y = linear(x, w, b)``  /  ``y = addmm(b, x, w)``  /  ``y = x @ w`` (matmul, mm, bmm)
+    /  ``y = conv2d(x, w, b, ...)`` (conv1d/2d/3d, transposed, ``convolution``)
     with ``w`` a parameter
 Rewrite to, with ``s = 2**-k`` the smallest power of two that brings the result in range:
     ``y = linear(x, w * s, b * s) * 2**k``
@@ -18,10 +19,12 @@ result, the large value, is stored fp32. Only a parameter is scaled (one far fro
 subnormals): scaling an activation down would push its small values into them. A matmul that
 reads a value past the range, or a weight fp16 cannot hold, stays fp32 (paint_precision).
 
-``"auto"`` counts the FLOPs of every LOW matmul-like op on the captured shapes, and those the
-ranges will keep fp32 (:func:`~amprewrite.passes.paint_precision.range_reason`). At or above
-half low, nothing changes: the overflowing matmuls stay fp32, the most accurate plan. Below,
-the rescalable ones are rescaled **from the output backwards** until half are low: a rounding
+``"auto"`` counts the FLOPs of every LOW matmul-like op (convolutions included) on the
+captured shapes, and those the ranges will keep fp32
+(:func:`~amprewrite.passes.paint_precision.range_reason`). At or above half low, nothing
+changes: the overflowing matmuls stay fp32, the most accurate plan; nor where even rescaling
+all of them would leave less than half low. Otherwise the rescalable ones are rescaled **from
+the output backwards** until half are low: a rounding
 made late reaches the output through fewer ops that amplify it (on the overflow cases,
 rescaling the last of GPT-2's two overflowing up-projections gives 1.24x the error of keeping
 both fp32, the first 1.46x; LLaMA 1.06x and 1.15x).
@@ -141,14 +144,17 @@ def _rescale(m: Match, params: frozenset[fx.Node],
 
 
 _AUTO_WHY = f" (fp32 would leave under {LOW_FLOPS:.0%} of the matmul FLOPs in fp16)"
-_TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions)
+_TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions,
+            *FAMILIES["conv"].functions, *FAMILIES["conv_transpose"].functions)
 
 
 def auto_choice(gm: fx.GraphModule, policy,
                 params: frozenset[fx.Node] = frozenset()) -> frozenset[fx.Node]:
     """The matmuls ``overflow="auto"`` rescales: none while the ranges leave at least
     :data:`LOW_FLOPS` of the matmul FLOPs low, else rescalable ones from the output backwards
-    until they do."""
+    until they do; none where rescaling every rescalable one would still leave less (a value
+    past the range that the ops after it read: they stay fp32 either way, and the rescaled
+    ones would only add roundings)."""
     low = policy.dtype
     total = low_flops = 0.0
     rescalable: list[tuple[fx.Node, float]] = []
@@ -168,6 +174,8 @@ def auto_choice(gm: fx.GraphModule, policy,
             break
         chosen.append(node)
         low_flops += flops
+    if total and low_flops < LOW_FLOPS * total:
+        return frozenset()  # half is out of reach: no rounding added for less (the accurate plan)
     return frozenset(chosen)
 
 

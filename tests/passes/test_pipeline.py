@@ -107,3 +107,20 @@ def test_rewrites_are_recorded_under_the_running_pass():
                               example_inputs=(torch.randn(1, 3, 4, 4),))
     by_pass = {r.pass_name for r in amprewrite.report(gm).rewrites}
     assert {"replace_upsample", "insert_casts"} <= by_pass and "" not in by_pass
+
+
+def test_arguments_tell_apart_overloads_that_differ_by_a_str_parameter():
+    # torch.conv2d has two schemas, padding a list or a str ("same"): torch's normalisation
+    # calls (x, w, b, stride, (1, 1), ...) ambiguous; the value given picks one.
+    from amprewrite.passes.base import arguments
+
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    listed = graph.call_function(torch.conv2d, (x, w, None, (1, 1), (1, 1), (1, 1), 1))
+    named = graph.call_function(torch.conv2d, (x, w, None, (1, 1), "same"))
+    graph.output((listed, named))
+    gm = fx.GraphModule(nn.Module(), graph)
+    assert arguments(gm, listed) == {"input": x, "weight": w, "bias": None, "stride": (1, 1),
+                                     "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    assert arguments(gm, named)["padding"] == "same"
+    assert arguments(gm, named)["dilation"] == [1, 1]  # the schema's default

@@ -260,8 +260,8 @@ def arguments(gm: fx.GraphModule, node: fx.Node) -> dict[str, Any] | None:
             pair = normalize_function(fn, node.args, node.kwargs,
                                       normalize_to_only_use_kwargs=True)
     except Exception:
-        return _by_str_parameter(fn, node.args, node.kwargs)
-    return None if pair is None else dict(pair.kwargs)
+        pair = None
+    return _by_str_parameter(fn, node.args, node.kwargs) if pair is None else dict(pair.kwargs)
 
 
 def _by_str_parameter(fn: object, args: tuple, kwargs: dict) -> dict[str, Any] | None:

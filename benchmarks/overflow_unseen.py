@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import amprewrite
 from amprewrite.testing.overflow import matmul_flops, overflowing_modules
 from amprewrite.testing.zoo import call
+from amprewrite.verify import float_leaves, rel_err
 
 warnings.filterwarnings("ignore")
 OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks", "overflow_unseen.json")
@@ -43,13 +44,6 @@ FP16 = 65504.0
 # ----------------------------------------------------------------------------- helpers
 def seed():
     torch.manual_seed(0)
-
-
-def float_leaves(value):
-    if hasattr(value, "to_tuple"):
-        value = value.to_tuple()
-    return [t for t in pytree.tree_leaves(value)
-            if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 class Peak(TorchDispatchMode):
@@ -137,14 +131,7 @@ def state_equal(model, before):
 
 
 def rel_errs(outs, refs):
-    errs = []
-    for o, r in zip(outs, refs):
-        o, r = o.detach().double(), r.detach().double()
-        if not torch.isfinite(o).all():
-            errs.append(math.inf)
-        else:
-            errs.append(float((o - r).norm() / r.norm().clamp_min(1e-30)))
-    return errs
+    return [rel_err(o, r) for o, r in zip(outs, refs)]
 
 
 def bad_finite(outs, refs):

@@ -172,6 +172,9 @@ def _candidates(gm: fx.GraphModule, rule: Rule) -> Iterable[fx.Node]:
     return sorted(found)
 
 
+_CONV = {"stride", "padding", "dilation", "groups", "transposed", "output_padding"}
+
+
 def matmul_operands(node: fx.Node, args: dict[str, Any] | None
                     ) -> tuple[dict[str, Any], str, str, str | None] | None:
     """A matmul call's arguments by name (``args``: :func:`arguments`), and which of them are
@@ -185,9 +188,8 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
         return None
     data = "self" if "self" in args else "input"  # an ATen overload names it self
     keys = set(args) - {data} | {"input"}
-    if keys == {"input", "weight", "bias"} or (
-            {"input", "weight", "bias"} <= keys and keys - {"input", "weight", "bias"} <= _CONV):
-        return args, data, "weight", "bias"
+    if {"input", "weight", "bias"} <= keys and keys - {"input", "weight", "bias"} <= _CONV:
+        return args, data, "weight", "bias"  # linear, or a convolution with its settings
     if keys == {"input", "mat1", "mat2", "beta", "alpha"}:
         if args["beta"] != 1 or args["alpha"] != 1:
             return None
@@ -195,9 +197,6 @@ def matmul_operands(node: fx.Node, args: dict[str, Any] | None
     if keys in ({"input", "other"}, {"input", "mat2"}):
         return args, data, ("other" if "other" in keys else "mat2"), None
     return None
-
-
-_CONV = {"stride", "padding", "dilation", "groups", "transposed", "output_padding"}
 
 
 def matmul_flops(gm: fx.GraphModule, node: fx.Node) -> float | None:

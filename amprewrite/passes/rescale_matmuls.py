@@ -76,7 +76,7 @@ def _scaled(m: Match, value: fx.Node, s: float) -> fx.Node:
 
 
 def _exponent(node: fx.Node, args: dict | None, low: torch.dtype,
-              params: frozenset[fx.Node] = frozenset()) -> int | None:
+              params: frozenset[fx.Node]) -> int | None:
     """k such that the matmul ``node`` computes in range on its weight scaled by ``2**-k``;
     None where it is not rescalable (result in range, an input past it, a weight that is not a
     parameter or that fp16 cannot hold, ranges unknown). ``params``: the placeholders that are
@@ -148,8 +148,7 @@ _TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions,
             *FAMILIES["conv"].functions, *FAMILIES["conv_transpose"].functions)
 
 
-def auto_choice(gm: fx.GraphModule, policy,
-                params: frozenset[fx.Node] = frozenset()) -> frozenset[fx.Node]:
+def auto_choice(gm: fx.GraphModule, policy, params: frozenset[fx.Node]) -> frozenset[fx.Node]:
     """The matmuls ``overflow="auto"`` rescales: none while the ranges leave at least
     :data:`LOW_FLOPS` of the matmul FLOPs low, else rescalable ones from the output backwards
     until they do; none where rescaling every rescalable one would still leave less (a value

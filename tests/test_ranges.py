@@ -237,6 +237,106 @@ def test_weight_fp16_would_store_subnormal_keeps_its_op_fp32():
     assert rel_err(gm(x), model(x)) < 1e-6 < rel_err(rounded, model(x))
 
 
+def _tiny_biases(model: nn.Module, *names: str) -> nn.Module:
+    """Biases of std 1e-6 (torchvision's ViT MLP init): below fp16's smallest normal, 6.1e-5."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(names):
+                p.normal_(std=1e-6)
+    return model
+
+
+def _low_share(gm) -> float:
+    low, total = overflow.matmul_flops(gm)
+    return low / total
+
+
+class _Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class _Addmm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w, self.b = nn.Parameter(torch.randn(16, 16) / 4), nn.Parameter(torch.zeros(16))
+
+    def forward(self, x):
+        return torch.addmm(self.b, x, self.w)
+
+
+@pytest.mark.parametrize("make,shape", [
+    # The issue's minimal case; then one matmul each, whose output at x = 0 is its bias.
+    (lambda: nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)), (8, 64)),
+    (lambda: nn.Linear(64, 32), (8, 64)),
+    (_Conv, (2, 3, 8, 8)),
+    (_Addmm, (4, 16)),
+])
+def test_a_subnormal_bias_costs_its_add_not_its_matmul(make, shape):
+    model = _tiny_biases(make().eval(), "bias", "b")
+    x = torch.randn(shape)
+    with unchanged(model):
+        gm = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    rep = amprewrite.report(gm)
+    assert _low_share(gm) == 1.0  # was 0.0: the bias kept every matmul fp32
+    splits = [r for r in rep.rewrites if "mostly subnormal" in r.reason]
+    assert splits and all("added after the product" in r.action for r in splits)
+    if not isinstance(model, nn.Sequential):
+        # The bias is added in fp32, never rounded: where the product is 0, the output is
+        # the bias itself (fp16 would round 1e-6 to a multiple of 6e-8).
+        zero = torch.zeros(shape)
+        assert torch.equal(gm(zero), model(zero))
+    # Against fp32 the error is fp16 matmuls' (relative L2 below 1e-3), no more than rounding
+    # the biases into the fp16 matmuls gives (allow_low: the model as written, in fp16).
+    as_written = amprewrite.transform(model, "fp16", example_inputs=(x,), verify=False,
+                                      allow_low=["linear", "matmul", "conv"])
+    x = torch.randn(shape)
+    error, written = rel_err(gm(x), model(x)), rel_err(as_written(x), model(x))
+    assert error < 1e-3 and error <= 1.1 * written, (error, written)
+
+
+def test_a_subnormal_bias_of_a_vit_mlp_keeps_its_matmuls_in_fp16():
+    from amprewrite.testing import zoo
+
+    model, inputs = zoo.vit()
+    _tiny_biases(model, "mlp.fc1.bias", "mlp.fc2.bias")
+    gm = amprewrite.transform(model, "fp16", example_inputs=inputs)
+    assert _low_share(gm) == 1.0  # 0.59 before: the four MLP linears ran fp32
+    assert not any(n.startswith("ranges:") for n in amprewrite.report(gm).notes)
+    as_written = amprewrite.transform(model, "fp16", example_inputs=inputs, verify=False,
+                                      allow_low=["linear"])
+    torch.manual_seed(2)
+    x = torch.randn(16, 3, 32, 32)
+    ref = model(x).logits
+    error, written = rel_err(gm(x).logits, ref), rel_err(as_written(x).logits, ref)
+    # Measured over 4 bias seeds: 0.97-1.03x the rounded biases' error, ~7e-4.
+    assert error < 2e-3 and error <= 1.1 * written, (error, written)
+
+
+def test_the_report_says_when_ranges_keep_most_matmul_flops_fp32():
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    with torch.no_grad():
+        model[0].weight.mul_(1e-5)  # stored mostly subnormal in fp16: its matmul stays fp32
+    x = torch.randn(8, 64)
+    gm = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    assert _low_share(gm) == 0.5
+    assert not any(n.startswith("ranges:") for n in amprewrite.report(gm).notes)  # not > half
+    with torch.no_grad():
+        model[2].weight.mul_(1e-5)
+    gm = amprewrite.transform(model, "fp16", example_inputs=(x,))
+    assert _low_share(gm) == 0.0
+    (note,) = [n for n in amprewrite.report(gm).notes if n.startswith("ranges:")]
+    assert note.startswith("ranges: 100% of the matmul FLOPs stay fp32")
+    assert "allow_low=['node:input_1', 'node:input_3']" in note
+
+
 def test_allow_low_gives_back_what_a_range_took():
     case = overflow.scores()
     gm = amprewrite.transform(case.model, "fp16", example_inputs=case.inputs,

@@ -17,7 +17,8 @@ Order of the rules, each overriding the previous (the reason of the last one is 
 4. **ranges** (``meta[RANGE]``, recorded by record_ranges): a value whose magnitude on the
    example inputs passes :func:`amprewrite.ranges.range_limit` is computed and stored in FP32,
    and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
-   subnormal (a 1e-6 layer scale in fp16);
+   subnormal (a 1e-6 layer scale in fp16; a bias alone rescale_matmuls has split off, to be
+   added in fp32); where they keep more than half of the matmul FLOPs fp32, a note says so;
 5. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name);
    ``allow_low`` also gives back the class a range or a non-strict declaration took.
 
@@ -56,7 +57,7 @@ from ..ops import (
 from ..policy import Selector
 from ..ranges import TINY_SHARE, describe_limit, narrower_than_fp32, range_limit, short_name
 from ..report import REPORT_KEY
-from .base import Kind, Pass
+from .base import Kind, Pass, matmul_flops
 
 __all__ = ["PaintPrecision", "matches"]
 
@@ -167,6 +168,8 @@ class PaintPrecision(Pass):
         if self.policy.keep_fp32 or self.policy.allow_low:
             for node in M.each_node(gm.graph):
                 self._override(node)
+        if self._taken:
+            self._note_ranges(gm)
         self._probe_kernels(gm, low)
         self._mixed(gm, low)
         self._note_unknown(gm)
@@ -347,6 +350,30 @@ class PaintPrecision(Pass):
             why = range_reason(node, low, where, own=cls != _P_FP32, reads=cls == _P_LOW)
             if why is not None:
                 self._take(node, why)
+
+    def _note_ranges(self, gm: fx.GraphModule) -> None:
+        """Say so where the ranges keep more than half of the matmul FLOPs out of the low dtype
+        (rescale_matmuls' goal, :data:`~amprewrite.passes.rescale_matmuls.LOW_FLOPS`): a
+        plan that runs mostly fp32 for its values should not look like a low-precision one."""
+        from .rescale_matmuls import LOW_FLOPS  # it imports this module
+
+        taken = [n for n, (before, _) in self._taken.items()
+                 if before == _P_LOW and n.meta.get(M.CLASS) == _P_FP32
+                 and str(n.meta.get(M.REASON)).startswith("range:")]
+        flops = {n: f for n in taken if (f := matmul_flops(gm, n))}
+        if not flops:
+            return
+        total = sum(f for n in gm.graph.nodes
+                    if (f := (flops.get(n) or matmul_flops(gm, n))))
+        share = sum(flops.values()) / total
+        if share <= 1 - LOW_FLOPS:
+            return
+        names = [n.name for n in flops]
+        shown = ", ".join(f"'node:{n}'" for n in names[:3]) + (", ..." if len(names) > 3 else "")
+        low = short_name(self.policy.dtype)
+        _note(gm, f"ranges: {share:.0%} of the matmul FLOPs stay fp32 for the values they read "
+                  f"or make ({len(names)} op{'s' * (len(names) > 1)}; each reason names its "
+                  f"value); allow_low=[{shown}] runs them in {low} as the model wrote them")
 
     def _take(self, node: fx.Node, why: str, strict: bool = False) -> None:
         """Make ``node`` FP32 for ``why``, remembering what it was (allow_low gives it back)."""

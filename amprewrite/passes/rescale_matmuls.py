@@ -28,6 +28,20 @@ the output backwards** until half are low: a rounding
 made late reaches the output through fewer ops that amplify it (on the overflow cases,
 rescaling the last of GPT-2's two overflowing up-projections gives 1.24x the error of keeping
 both fp32, the first 1.46x; LLaMA 1.06x and 1.15x).
+
+First, in fp16 whatever ``overflow`` is, a matmul whose only obstacle is its bias is split from
+it: a bias fp16 would store mostly subnormal (torchvision's ViT initialises its MLP biases with
+std 1e-6) costs its own add, not its matmul's FLOPs.
+
+Matches (a parameter ``b`` with more than :data:`~amprewrite.ranges.TINY_SHARE` of its nonzero
+values below fp16's smallest normal number; the data, the weight and the result in range):
+    ``y = linear(x, w, b)``  /  ``y = addmm(b, x, w)``  /  ``y = conv2d(x, w, b, ...)``
+Rewrite to:
+    ``y = linear(x, w, None) + b``  /  ``y = mm(x, w) + b``  /  ``y = conv2d(x, w, None, ...) +
+    b.reshape(-1, 1, 1)``
+The matmul keeps its name and runs low; the add reads the fp32 bias, so painting (PROMOTE, the
+widest input) computes it in fp32: the bias is never rounded. A matmul the user's ``allow_low``
+selects is left as the model wrote it.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ from .base import (
     given_parameters,
     matmul_flops,
     matmul_operands,
+    new_node,
 )
 from .paint_precision import matches, range_reason
 
@@ -143,6 +158,85 @@ def _rescale(m: Match, params: frozenset[fx.Node],
     return Replacement(back, f"{node.name}: {weight_key} * 2^-{k}, result * 2^{k} in fp32", why)
 
 
+# Matmuls whose bias can be added apart: its own argument, one value per output feature
+# (channel, for a convolution: dimension 0 of an unbatched input, 1 of a batch).
+_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d,
+          torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution)
+_SPLIT = (*FAMILIES["linear"].functions, torch.addmm, *_CONVS)
+
+
+def _tiny_bias(node: fx.Node, args: dict | None, policy) -> fx.Node | None:
+    """The bias parameter of the matmul ``node`` that alone would keep it out of fp16 (stored
+    mostly subnormal, every other operand in range); None where there is none."""
+    low = policy.dtype
+    found = matmul_operands(node, args)
+    if found is None or M.info(node).dtype != torch.float32:
+        return None
+    args, data_key, weight_key, bias_key = found
+    bias = args.get(bias_key) if bias_key else None
+    rb = _range(bias)
+    if (not isinstance(bias, fx.Node) or bias.op != "get_attr" or rb is None
+            or rb.tiny_share <= TINY_SHARE or rb.absmax > torch.finfo(low).max):
+        return None
+    data, weight = args[data_key], args[weight_key]
+    rd, rw, out = _range(data), _range(weight), _range(node)
+    limit = range_limit(low)
+    if rd is not None and rd.absmax > limit:
+        return None  # fp32 for its input either way
+    if rw is not None and (rw.absmax > torch.finfo(low).max or (
+            isinstance(weight, fx.Node) and weight.op == "get_attr"
+            and rw.tiny_share > TINY_SHARE)):
+        return None  # fp32 for its weight either way
+    if out is not None and out.absmax > limit and policy.overflow == "fp32":
+        return None  # fp32 for its result either way
+    return bias
+
+
+def _split_bias(m: Match) -> Replacement | None:
+    """``linear(x, w, b)`` -> ``linear(x, w, None) + b`` where ``b`` alone keeps it from fp16
+    (:func:`_tiny_bias`). The matmul node stays (its name, its provenance); the add, after it,
+    takes its users."""
+    node, policy = m.node, m.policy
+    if _vouched(node, policy):
+        return None
+    bias = _tiny_bias(node, m.args, policy)
+    if bias is None:
+        return None
+    args, _, weight_key, bias_key = matmul_operands(node, m.args)
+    rb, out = _range(bias), _range(node)
+    graph = m.gm.graph
+    users = list(node.users)
+    if node.target is torch.addmm:
+        node.target, node.args, node.kwargs = torch.mm, (args["mat1"], args["mat2"]), {}
+    else:
+        node.args, node.kwargs = (), {**args, bias_key: None}
+    if out is not None:  # the product alone: the recorded result less at most |b|
+        node.meta[M.RANGE] = ValueRange(out.absmax + rb.absmax, out.tiny_share, out.batches)
+    added, value = node, M.info(node)
+    if node.target in _CONVS:  # one bias value per channel: b.reshape(-1, 1, ..., 1)
+        kernel = len(M.info(args[weight_key]).shape or ()) - 2
+        shape = (M.info(bias).numel,) + (1,) * kernel
+        with graph.inserting_after(added):
+            bias = added = new_node(graph, "call_method", "reshape", (bias, -1, *shape[1:]))
+        M.copy_provenance(node, bias)
+        bias.meta[M.ORIG] = M.ValueInfo("tensor", torch.float32, shape[0], shape=shape)
+        bias.meta[M.RANGE] = rb
+    with graph.inserting_after(added):
+        add = new_node(graph, "call_function", operator.add, (node, bias))
+    M.copy_provenance(node, add)
+    add.meta[M.ORIG] = value
+    if out is not None:
+        add.meta[M.RANGE] = out
+    for user in users:
+        user.replace_input_with(node, add)
+    low = policy.dtype
+    name = bias.args[0].target if bias.op == "call_method" else bias.target
+    why = (f"range: fp16 would store bias '{name}' mostly subnormal ({rb.tiny_share:.0%} of "
+           f"its nonzero values below {torch.finfo(low).tiny:.2g}): the product runs without "
+           "it and the bias is added after it, in fp32")
+    return Replacement(node, f"{node.name}: bias '{name}' added after the product", why)
+
+
 _AUTO_WHY = f" (fp32 would leave under {LOW_FLOPS:.0%} of the matmul FLOPs in fp16)"
 _TARGETS = (*FAMILIES["linear"].functions, *FAMILIES["matmul"].functions,
             *FAMILIES["conv"].functions, *FAMILIES["conv_transpose"].functions)
@@ -186,12 +280,15 @@ class RescaleMatmuls(Pass):
 
     def run(self, gm: fx.GraphModule) -> bool:
         policy = self.policy
-        if (policy is None or policy.overflow == "fp32"
-                or not narrower_than_fp32(policy.dtype)):
+        if policy is None or not narrower_than_fp32(policy.dtype):
             return False  # bfloat16 (fp32's range: nothing to rescale)
+        # First: a product without its tiny bias is one auto counts and rescale scales.
+        split = bool(apply_rules(gm, (Rule(_SPLIT, _split_bias),), policy))
+        if policy.overflow == "fp32":
+            return split
         params = given_parameters(gm, self.example_inputs)
         only = None if policy.overflow == "rescale" else auto_choice(gm, policy, params)
         if only is not None and not only:
-            return False
+            return split
         rule = Rule(_TARGETS, lambda m: _rescale(m, params, only))
-        return bool(apply_rules(gm, (rule,), policy))
+        return bool(apply_rules(gm, (rule,), policy)) or split

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         PassError,
         PolicyError,
         ShapeError,
+        SignatureError,
         VerificationError,
     )
     from .float8 import Float8
@@ -46,7 +47,7 @@ _EXPORTS = {
     "amprewrite_backend": "backend", "backend": "backend",
     **dict.fromkeys(("AmpRewriteError", "CaptureError", "ModelError", "ModeSwitchError",
                      "NotVerifiedWarning", "PassError", "PolicyError", "ShapeError",
-                     "VerificationError"), "errors"),
+                     "SignatureError", "VerificationError"), "errors"),
     "Float8": "float8",
     "for_generation": "generation",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
@@ -76,6 +77,7 @@ __all__ = [
     "Report",
     "Rewrite",
     "ShapeError",
+    "SignatureError",
     "VerificationError",
     "amprewrite_backend",
     "backend",

@@ -16,11 +16,13 @@
 - ``amprewrite families``: the op-family table.
 
 TARGET is ``path/to/file.py:factory`` or ``package.module:factory``; the factory returns a model
-or ``(model, example_inputs)``. Input specs: ``2x3x64x64``, ``int64:1x1024:0-512``.
+or ``(model, example_inputs)``, the inputs a tuple or a dict of keyword inputs. Input specs:
+``2x3x64x64``, ``int64:1x1024:0-512``.
 
 Errors print one line, ``amprewrite: error: ...``, and exit with status 2; Ctrl-C prints one line
 and exits with status 130, also while torch is still loading: this module and ``amprewrite``'s
-``__init__`` import no torch, so everything that does runs inside :func:`main`. A closed output
+``__init__`` import no torch, so everything that does runs inside :func:`main`, and ``--help``,
+``--version`` and the usage errors found before the model is loaded never import it. A closed output
 pipe (``amprewrite families | head``) ends the command quietly. Run as a command, the process
 ends as soon as the command is done (:func:`main` skips the interpreter's teardown of torch).
 """
@@ -103,13 +105,13 @@ def _selectors_as_flags(match: re.Match) -> str:
 # --- argument types: every numeric flag is checked where it is parsed --------------------------
 
 def _dtype_flag(text: str) -> str:
-    from .dtypes import low_dtype, low_dtype_names
+    from .dtypes import low_dtype_name, low_dtype_names
 
-    dtype = low_dtype(text)
-    if dtype is None:
+    name = low_dtype_name(text)
+    if name is None:
         raise argparse.ArgumentTypeError(
             f"'{text}' is not bfloat16 or float16; use one of {', '.join(low_dtype_names())}")
-    return _SHORT[str(dtype).replace("torch.", "")]
+    return _SHORT[name]
 
 
 def _positive_float(text: str) -> float:
@@ -156,7 +158,7 @@ class _Parser(argparse.ArgumentParser):
 @dataclass
 class _Target:
     model: object
-    inputs: tuple | None
+    inputs: tuple | dict | None  # a dict: keyword inputs (model(**inputs))
     where: str  # what the inputs are, for messages: "--inputs 4x16" or "the inputs f() returns"
     flags: list[str] = field(default_factory=list)  # --inputs ... to repeat in suggestions
 
@@ -623,7 +625,7 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from .dtypes import DTYPE_NAMES
+    from .dtypes import NAMES
 
     # nargs="?" with a check after parsing: `check --inputs 4x16 file.py:mlp` would otherwise
     # hand the target to --inputs and report it missing (see _take_target).
@@ -631,7 +633,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="path/to/file.py:factory or package.module:factory")
     p.add_argument("--inputs", nargs="+", metavar="SPEC",
                    help="example inputs: 2x3x64x64, int64:1x1024:0-512 (one spec per input; "
-                        f"dtypes: {', '.join(DTYPE_NAMES)})")
+                        f"dtypes: {', '.join(NAMES)})")
     _dtype_option(p)
     p.add_argument("--upsample", choices=("auto", "always", "never"), default="auto")
     p.add_argument("--keep-fp32", action="append", default=[], metavar="SEL",
@@ -687,6 +689,17 @@ def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
                 break
     if args.target is None:
         parser.error("the following arguments are required: TARGET")
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    """The usage errors found without torch (a TARGET without a factory or a file, a bad input
+    spec), reported before anything imports it: at once, not after seconds of imports."""
+    from .target import check_input_spec, check_target
+
+    if getattr(args, "target", None) is not None:
+        check_target(args.target)
+    for spec in getattr(args, "inputs", None) or ():
+        check_input_spec(spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -788,6 +801,7 @@ def _run(argv: list[str] | None) -> int:
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     _take_target(args, command)
     try:
+        _check_usage(args)
         return args.run(args)
     except AmpRewriteError as exc:
         print(f"amprewrite: error: {cli_wording(str(exc))}", file=sys.stderr)

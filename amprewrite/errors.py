@@ -11,6 +11,8 @@ __all__ = [
     "PassError",
     "PolicyError",
     "ShapeError",
+    "SignatureError",
+    "UsageError",
     "VerificationError",
 ]
 
@@ -41,6 +43,18 @@ class ModelError(AmpRewriteError, TypeError):
 
 class ShapeError(AmpRewriteError, ValueError):
     """A graph was called with inputs it was not captured for and cannot be re-captured for."""
+
+
+class SignatureError(AmpRewriteError, TypeError):
+    """A dynamo graph was called with arguments it was not captured with: a keyword or a
+    positional input too many, or one it was captured with left out. A ``TypeError``, as
+    Python's own for a call that does not fit the signature."""
+
+
+class UsageError(AmpRewriteError):
+    """Bad command-line usage; the CLI prints it on one line and exits with status 2. (Here,
+    with no torch to import, so that the command line reports a usage error at once;
+    ``amprewrite.target.UsageError`` is the same class.)"""
 
 
 class VerificationError(AmpRewriteError, RuntimeError):

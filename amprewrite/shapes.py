@@ -23,9 +23,10 @@ from torch import fx, nn
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
+from .errors import SignatureError
 from .meta import fake_value
 
-__all__ = ["BATCH", "InputCheck", "InputGuard", "capture_spec", "flat_inputs",
+__all__ = ["BATCH", "InputCheck", "InputGuard", "bind_call", "capture_spec", "flat_inputs",
            "positional_leaves"]
 
 BATCH = "batch"
@@ -72,7 +73,7 @@ def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:
     fast = getattr(gm, "_amp_fast", None)  # set when the graph takes n positional leaves
     if fast is not None and not kwargs and len(args) == fast.n:
         return list(args)  # the common call: as many plain positional inputs as captured
-    bound = inspect.signature(gm.forward).bind(*args, **kwargs)
+    bound = bind_call(gm, args, kwargs)
     bound.apply_defaults()
     values = list(bound.arguments.values())
     spec = gm.graph._codegen.pytree_info.in_spec
@@ -81,6 +82,65 @@ def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:
     by_name = dict(bound.arguments)
     kw = {k: by_name[k] for k in keys}
     return fx_pytree.tree_flatten_spec((values[:n_pos], kw), spec)
+
+
+def bind_call(gm: fx.GraphModule, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The call's arguments bound to ``gm``'s signature: the inputs it was captured with.
+
+    A call that does not fit raises :class:`~amprewrite.errors.SignatureError` (a
+    ``TypeError``) naming the inputs the graph was captured with and how to add one, where
+    ``inspect`` would say only "got an unexpected keyword argument 'attention_mask'".
+    """
+    signature = inspect.signature(gm.forward)
+    try:
+        return signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise SignatureError(_unfit_call(gm, signature, args, kwargs, exc)) from None
+
+
+def _unfit_call(gm: fx.GraphModule, signature: inspect.Signature, args: tuple, kwargs: dict,
+                exc: TypeError) -> str:
+    """Why the call does not fit the captured inputs, and what to do, in one paragraph."""
+    params = [p for p in signature.parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    captured = [p.name for p in params]
+    shown = ", ".join(captured) if captured else "no inputs"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    extra_kw = [k for k in kwargs if k not in captured]
+    extra_pos = len(args) - len(positional)
+    head = f"the transformed graph was captured with the inputs ({shown}) and no others"
+    if extra_kw or extra_pos > 0:
+        names = _model_names(gm, args, kwargs)
+        new = names[len(captured):] if names else []
+        if extra_kw:
+            what = f"the keyword input{'s' * (len(extra_kw) > 1)} {', '.join(extra_kw)}"
+        else:
+            what = (f"{len(args)} positional inputs"
+                    + (f" (the extra ones are the model's {', '.join(new)})" if new else ""))
+        example = ", ".join(f"'{n}': {n}" for n in (names or [*captured, *extra_kw]))
+        return (f"{head}, and was called with {what}: {exc}. A graph captured by dynamo "
+                "takes the inputs it was captured with, each argument of forward it was not "
+                "captured with fixed to its default in the graph. To pass more, transform the "
+                "model with them in example_inputs, e.g. as a dict of keyword inputs: "
+                f"example_inputs={{{example}}}; then call the graph with the same inputs.")
+    return (f"{head}; this call does not give them as captured: {exc}. Pass every input it "
+            f"was captured with ({shown}), by position or by name; to call it without one, "
+            "transform the model with example_inputs that leave it out.")
+
+
+def _model_names(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[str] | None:
+    """The names the transformed model's forward gives the call's arguments, in its order,
+    where the graph still knows its model and the call fits that model's forward."""
+    source = getattr(gm, "_amp_source", None)
+    model = source[0] if source else None
+    if callable(model) and not isinstance(model, nn.Module):  # a weakref (params="low")
+        model = model()
+    if not isinstance(model, nn.Module):
+        return None
+    try:
+        return list(inspect.signature(model.forward).bind(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return None
 
 
 def positional_leaves(spec: pytree.TreeSpec) -> int:

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import amprewrite
+from amprewrite import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
@@ -231,3 +232,128 @@ def test_the_command_runs_atexit_handlers_before_it_ends():
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("atexit ran") and "not reached" not in done.stdout
+
+
+# Issue 47 -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, code, shown", [
+    (["--help"], 0, "usage: amprewrite"),
+    (["--version"], 0, "amprewrite "),
+    (["dump", "--help"], 0, "usage: amprewrite dump"),
+    (["check"], 2, "required: TARGET"),
+    (["check", "missing.py:f"], 2, "no such file: missing.py"),
+    (["export", "no_colon"], 2, "must be path/to/file.py:factory"),
+    (["check", f"{MODELS}:mlp", "--inputs", "4by16"], 2, "bad input spec '4by16'"),
+    (["check", f"{MODELS}:mlp", "--dtype", "int8"], 2, "'int8' is not bfloat16 or float16"),
+    (["dump", f"{MODELS}:mlp", "--format", "pdf"], 2, "--format takes"),
+])
+def test_help_version_and_usage_errors_import_no_torch(args, code, shown):
+    """They answer at once (0.2 s here, against 2-5 s with torch's import)."""
+    script = ("import sys; from amprewrite.cli import main; code = main(sys.argv[1:]); "
+              "print(code, sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('torch', 'sympy', 'networkx')))")
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.stdout.splitlines()[-1] == f"{code} []", done.stdout + done.stderr
+    assert shown in done.stdout + done.stderr
+
+
+KEYWORD_MODELS = '''
+import torch
+from torch import nn
+
+
+class Scaled(nn.Module):
+    """Its second input is keyword-only: it can only be called as model(**inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x, *, scale):
+        return torch.softmax(self.fc(x) * scale, -1)
+
+
+def scaled():
+    torch.manual_seed(0)
+    return Scaled().eval(), {"x": torch.randn(4, 16), "scale": torch.rand(4, 1) + 0.5}
+
+
+def llama():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left padding: the mask changes the logits
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def t5():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.T5ForConditionalGeneration(tf.T5Config(
+        vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
+        decoder_start_token_id=0)).eval()
+    return model, {"input_ids": torch.randint(0, 256, (2, 12)),
+                   "decoder_input_ids": torch.randint(0, 256, (2, 6))}
+'''
+
+
+@pytest.fixture(scope="module")
+def keyword_models(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("keywords") / "keyword_models.py"
+    path.write_text(KEYWORD_MODELS)
+    return path
+
+
+def run_main(capsys, *args: object) -> tuple[int, str, str]:
+    """The command line in this process (cli.main parses the flags as the command does)."""
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("command", ["check", "dump", "export"])
+def test_a_factory_returning_keyword_inputs_works_in_every_command(keyword_models, tmp_path,
+                                                                  capsys, command):
+    """A factory returning (model, {name: tensor}) is called as model(**inputs), as
+    transform(example_inputs={...}) calls it (it was wrapped in a tuple: model(dict))."""
+    out = {"check": [], "dump": ["--out", tmp_path, "--check", "--format", "text"],
+           "export": ["--out", tmp_path / "scaled.pt2"]}[command]
+    code, stdout, stderr = run_main(capsys, command, f"{keyword_models}:scaled", *out)
+    assert code == 0, stdout + stderr
+    if command == "dump":
+        assert "def forward(self, x, scale)" in (tmp_path / "after.py").read_text()
+    else:
+        assert "check passed" in stdout
+    if command == "export":
+        program = torch.export.load(tmp_path / "scaled.pt2").module()
+        x, scale = torch.randn(3, 16), torch.rand(3, 1) + 0.5
+        assert program(x=x, scale=scale).shape == (3, 16)
+
+
+@pytest.mark.slow  # 36-50 s on 2 cores at load 4 (transform, export, two loads, runs)
+def test_a_hugging_face_factory_with_keyword_inputs_exports(keyword_models, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    out = tmp_path / "llama.pt2"
+    code, stdout, stderr = run_main(capsys, "export", f"{keyword_models}:llama", "--out", out)
+    assert code == 0, stdout + stderr
+    assert "check passed" in stdout
+    ids = torch.randint(0, 256, (3, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    logits = torch.export.load(out).module()(input_ids=ids, attention_mask=mask)["logits"]
+    assert logits.shape == (3, 12, 256) and torch.isfinite(logits).all()
+
+
+def test_a_seq2seq_factory_with_keyword_inputs_checks(keyword_models, capsys):
+    """T5 takes decoder_input_ids by name (attention_mask comes before it)."""
+    pytest.importorskip("transformers")
+    code, stdout, stderr = run_main(capsys, "check", f"{keyword_models}:t5")
+    assert code == 0, stdout + stderr
+    assert "check passed" in stdout

@@ -227,3 +227,51 @@ def test_dict_inputs_and_structured_outputs_take_the_ordinary_call():
     assert torch.equal(out["y"], gm.forward(x)["y"])
     kw = amprewrite.transform(net, torch.bfloat16, example_inputs={"x": x})
     assert torch.equal(kw(x=x)["y"], out["y"])  # keywords: bound to the signature
+
+
+# --- calls with inputs the graph was not captured with (issue 47, item 4) -------------------
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x, mask=None):
+        y = self.l(x)
+        return y if mask is None else y * mask
+
+
+def test_a_keyword_the_graph_was_not_captured_with_names_the_captured_inputs_and_the_way():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(ids,), verify=False)
+    with pytest.raises(amprewrite.SignatureError) as err:
+        gm(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert isinstance(err.value, TypeError) and isinstance(err.value, amprewrite.AmpRewriteError)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "captured with the inputs (input_ids) and no others" in msg
+    assert "called with the keyword input attention_mask" in msg
+    assert ("example_inputs={'input_ids': input_ids, 'attention_mask': attention_mask}"
+            in msg)
+
+
+def test_an_extra_positional_or_a_missing_input_is_a_signature_error_too():
+    x, mask = torch.randn(2, 8), torch.ones(2, 8)
+    gm = amprewrite.transform(Masked(), torch.bfloat16, example_inputs=(x,), verify=False)
+    with pytest.raises(amprewrite.SignatureError,
+                       match=r"captured with the inputs \(x\) and no others, and was called "
+                             r"with 2 positional inputs \(the extra ones are the model's mask\)"
+                             r".*example_inputs=\{'x': x, 'mask': mask\}"):
+        gm(x, mask)
+    both = amprewrite.transform(Masked(), torch.bfloat16, example_inputs={"x": x, "mask": mask},
+                                verify=False)
+    assert both(x, mask).shape == both(x=x, mask=mask).shape == (2, 8)
+    with pytest.raises(amprewrite.SignatureError,
+                       match=r"captured with the inputs \(x, mask\).*missing a required "
+                             r"argument: 'mask'. Pass every input it was captured with"):
+        both(x)

@@ -27,8 +27,9 @@ from .api import transform_graph
 from .capture import annotate_dynamo_graph
 from .errors import PolicyError
 from .modules import get_attr
+from .plans import GraphPlan, across_ranks
 from .policy import Policy, check_selectors
-from .ranges import declared_fp32
+from .ranges import declared_fp32, narrower_than_fp32
 
 __all__ = ["amprewrite_backend", "backend"]
 
@@ -119,9 +120,16 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
     values = tuple(_hint(v) for v in example_inputs)
     concrete = all((isinstance(v, (int, float, bool)) and not isinstance(v, torch.SymInt))
                    or (isinstance(v, torch.Tensor) and not _fake(v)) for v in values)
-    gm = transform_graph(gm, policy, example_inputs=values if concrete else None,
-                         declared=declared)
-    return _inner_backend(inner)(gm, example_inputs)
+    compile_inner = _inner_backend(inner)
+
+    def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None) -> fx.GraphModule:
+        return transform_graph(graph, policy, example_inputs=inputs if concrete else None,
+                               declared=declared, prior=prior, reduce=across_ranks)
+
+    # Values decide the plan in fp16 (ranges) and with fp8 (each linear's float8 error): there
+    # the plan is checked on every block that reuses the graph, and after an overflow.
+    watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
+    return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch)
 
 
 def _hint(v: object) -> object:

@@ -78,6 +78,9 @@ RANGE = "amp_range"  # ranges.ValueRange: the fp32 value's range on the example 
 FLOAT8 = "amp_float8"  # str: a candidate linear's float8 verdict and reason (float8_linears)
 REPORT_KEY = "amprewrite_report"  # gm.meta: the transform's Report
 POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transformed with
+# gm.meta: every recorded value's range by node name, what the plan was made from
+# (record_ranges; amprewrite.plans widens it with later blocks, ranks and steps)
+RANGES_KEY = "amprewrite_ranges"
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
 # ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
 # data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").

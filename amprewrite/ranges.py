@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 __all__ = ["HEADROOM", "TINY_SHARE", "ValueRange", "declared_fp32", "describe_limit", "merge",
-           "narrower_than_fp32", "range_limit", "short_name", "tensor_range"]
+           "narrower_than_fp32", "range_limit", "short_name", "tensor_range", "widest"]
 
 HEADROOM = 16.0
 """How far below the low dtype's largest finite number a value must stay to be computed low."""
@@ -127,6 +127,19 @@ def merge(a: ValueRange | None, b: ValueRange) -> ValueRange:
     share = ((a.tiny_share * a.batches + b.tiny_share * b.batches) / total if total
              else max(a.tiny_share, b.tiny_share))
     return ValueRange(absmax, share, total)
+
+
+def widest(a: ValueRange | None, b: ValueRange) -> ValueRange:
+    """The range a plan must hold for when ``a`` and ``b`` are the same value on different
+    blocks, ranks or steps: the larger magnitude and the larger subnormal share.
+
+    >>> widest(ValueRange(3.0, 0.1, 1), ValueRange(2.0, 0.4, 1))
+    ValueRange(absmax=3.0, tiny_share=0.4, batches=2)
+    """
+    if a is None:
+        return b
+    return ValueRange(max(a.absmax, b.absmax), max(a.tiny_share, b.tiny_share),
+                      a.batches + b.batches)
 
 
 # --- the model authors' own declarations -----------------------------------------------------

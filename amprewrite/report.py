@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -11,6 +12,9 @@ from . import meta as M
 from . import runtime
 from .meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
 from .ranges import ValueRange
+
+if TYPE_CHECKING:
+    from .plans import CompiledReport
 
 __all__ = ["POLICY_KEY", "REPORT_KEY", "Decision", "Report", "Rewrite", "record", "report",
            "text_table"]
@@ -145,18 +149,37 @@ def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
                                     node.meta.get(M.MODULE_PATH, "")))
 
 
-def report(gm: fx.GraphModule | torch.export.ExportedProgram) -> Report:
+def report(gm: fx.GraphModule | torch.export.ExportedProgram | torch.nn.Module
+           ) -> Report | CompiledReport:
     """The :class:`Report` of a GraphModule (or ExportedProgram) returned by
-    :func:`amprewrite.transform`."""
+    :func:`amprewrite.transform`; for a module compiled with ``backend="amprewrite"`` (or a
+    model whose blocks were compiled one by one), after its first call, the
+    :class:`~amprewrite.plans.CompiledReport` of every graph the backend planned: each graph's
+    report, the blocks, ranks and steps its plan was made from, and every re-plan with its
+    reason (DESIGN.md, "One plan at scale").
+
+    >>> import torch, amprewrite
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+    >>> compiled = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner="eager"))
+    >>> _ = compiled(torch.randn(2, 4))
+    >>> [d.family for d in amprewrite.report(compiled).graphs[0].report.decisions if d.family]
+    ['linear', 'softmax']
+    """
     if isinstance(gm, torch.export.ExportedProgram):
         gm = gm.graph_module  # where transform(ep) keeps it; not saved by torch.export.save
     rep = getattr(gm, "meta", {}).get(REPORT_KEY)
+    if rep is None and isinstance(gm, torch.nn.Module):
+        from .plans import compiled_report
+
+        rep = compiled_report(gm)
     if rep is None:
         from .errors import PolicyError
 
         raise PolicyError(
-            "this GraphModule carries no amprewrite report; pass a module returned by "
-            "amprewrite.transform (the report is kept in gm.meta['amprewrite_report'])."
+            "this module carries no amprewrite report: pass a module returned by "
+            "amprewrite.transform (the report is kept in gm.meta['amprewrite_report']), or a "
+            "module compiled with torch.compile(..., backend='amprewrite') after it has run "
+            "once (the backend plans on the first call)."
         )
     return rep
 

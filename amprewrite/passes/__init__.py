@@ -12,7 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import fx, nn
 
@@ -21,7 +21,7 @@ from ..codegen import lint, recompile
 from ..errors import AmpRewriteError, PassError
 from ..policy import Policy
 from ..progress import detail
-from ..ranges import declared_fp32
+from ..ranges import ValueRange, declared_fp32
 from .base import CAPTURED, Kind, Pass
 from .float8_linears import Float8Linears
 from .freeze_dtype_reads import FreezeDtypeReads
@@ -44,9 +44,6 @@ __all__ = ["PASSES", "Kind", "Pass", "check_order", "pipeline", "rewrite_passes"
            "run_pipeline", "run_until"]
 
 PASSES: tuple[type[Pass], ...] = (
-    # Before everything: a checkpointed region's body is a graph of its own, transformed by
-    # this whole pipeline (TransformBodies.run_inner), its call kept fp32 at the boundary.
-    TransformBodies,
     # First: every later pass sees functional ops with get_attr weights, like dynamo's IR.
     NormalizeModules,
     # Needs the get_attr nodes normalize made; everything after reads meta[ORIG].
@@ -65,6 +62,11 @@ PASSES: tuple[type[Pass], ...] = (
     # After every rewrite (it records the values of the ops painting will see), before
     # painting, which reads the ranges like a precision class.
     RecordRanges,
+    # A checkpointed region's body is a graph of its own, transformed by this whole pipeline
+    # (TransformBodies.run_inner), its call kept at the boundary. After record_ranges, which
+    # records the bodies' values too (the inner pipeline has no inputs to run them on); before
+    # painting, which reads the region call's class.
+    TransformBodies,
     # Reads the ranges: a matmul past the range runs low on operands scaled by a power of two
     # (exact), scaled back in fp32; painting then classes the nodes it made.
     RescaleMatmuls,
@@ -88,12 +90,16 @@ PASSES: tuple[type[Pass], ...] = (
 
 def pipeline(policy: Policy, model: nn.Module | None = None,
              example_inputs: object = None,
-             declared: dict[str, tuple[str, str]] | None = None) -> list[Pass]:
+             declared: dict[str, tuple[str, str]] | None = None,
+             prior: Mapping[str, ValueRange] | None = None,
+             reduce: Callable[[dict], dict] | None = None) -> list[Pass]:
     """The passes of a transform, in the order they run, bound to ``policy``; ``model`` and
     ``example_inputs`` are what ranges are recorded on and the last step verifies the graph
     against (none: no check), and ``model`` what declares parameters fp32 (``declared``: the
     graph's own names of declared parameters, by get_attr or placeholder target, each with
-    (attribute, parameter name), where the graph does not name them as the model does)."""
+    (attribute, parameter name), where the graph does not name them as the model does).
+    ``prior`` and ``reduce``: ranges by node name the plan must also hold for, and how ranges
+    are widened across ranks (:class:`~amprewrite.passes.record_ranges.RecordRanges`)."""
     if declared is None and model is not None:
         declared = {name: (attr, name)
                     for name, attr in declared_fp32(model, policy.dtype).items()}
@@ -103,6 +109,8 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
             p.run_inner = _run_inner
         elif isinstance(p, (RecordRanges, RescaleMatmuls, Float8Linears)):
             p.example_inputs = example_inputs
+            if isinstance(p, RecordRanges):
+                p.prior, p.reduce = prior, reduce
         elif isinstance(p, PaintPrecision):
             p.declared = declared
         elif isinstance(p, VerifyOutput):

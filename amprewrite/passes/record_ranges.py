@@ -11,7 +11,7 @@ the report says so.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import fx
@@ -20,12 +20,12 @@ from .. import meta as M
 from ..capture import split_inputs
 from ..errors import ModelError
 from ..modules import get_attr
-from ..ranges import ValueRange, merge, tensor_range
+from ..ranges import ValueRange, merge, tensor_range, widest
 from ..report import REPORT_KEY
 from ..verify import replayed
 from .base import Kind, Pass
 
-__all__ = ["RecordRanges", "record_ranges"]
+__all__ = ["RecordRanges", "by_name", "qualified_names", "record_ranges"]
 
 
 # Values an activation's fp16-subnormal share is estimated from (a report figure; the plan reads
@@ -34,13 +34,20 @@ _SAMPLE = 65536
 
 
 class _RangeRecorder(fx.Interpreter):
-    """Runs a graph and keeps, per node, the range of each float tensor it produces."""
+    """Runs a graph and keeps, per node, the range of each float tensor it produces; the body
+    of a checkpointed region (transform_bodies.BODY_OPS) is run node by node too, so its values
+    have ranges (its forward is the region's: checkpointing only changes what backward keeps)."""
 
     def __init__(self, gm: fx.GraphModule, low: torch.dtype, ranges: dict[fx.Node, ValueRange]):
         super().__init__(gm)
         self.low, self.ranges = low, ranges
 
     def run_node(self, n: fx.Node) -> object:
+        body = _body(self.module, n)
+        if body is not None:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            out = _RangeRecorder(body, self.low, self.ranges).run(*args[1:])
+            return tuple(out) if isinstance(out, list) else out
         out = super().run_node(n)
         if (n.op != "get_attr" and isinstance(out, torch.Tensor) and out.is_floating_point()
                 and not out.is_meta):
@@ -80,6 +87,36 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
     return ranges
 
 
+def _body(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:
+    """The subgraph ``node`` calls when it is a checkpointed (or ``wrap``) region, else None."""
+    from .transform_bodies import BODY_OPS
+
+    if (node.op != "call_function" or getattr(node.target, "__name__", "") not in BODY_OPS
+            or not node.args or not isinstance(node.args[0], fx.Node)
+            or node.args[0].op != "get_attr"):
+        return None
+    body = get_attr(gm, str(node.args[0].target), None)
+    return body if isinstance(body, fx.GraphModule) else None
+
+
+def qualified_names(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """Each node of ``gm`` and of the region bodies it calls by a name unique among them:
+    its own name, ``<body>.<name>`` inside a body (the key that survives a copy of the graph)."""
+    names = {n: n.name for n in gm.graph.nodes}
+    for node in gm.graph.nodes:
+        body = _body(gm, node)
+        if body is not None:
+            prefix = str(node.args[0].target)
+            names.update({n: f"{prefix}.{q}" for n, q in qualified_names(body).items()})
+    return names
+
+
+def by_name(ranges: Mapping[fx.Node, ValueRange], gm: fx.GraphModule) -> dict[str, ValueRange]:
+    """``ranges`` of ``gm``'s nodes (and its bodies') by :func:`qualified_names`."""
+    names = qualified_names(gm)
+    return {names[node]: r for node, r in ranges.items() if node in names}
+
+
 class RecordRanges(Pass):
     """Set ``meta[RANGE]`` of parameters, buffers and (with example inputs) every float value."""
 
@@ -87,6 +124,11 @@ class RecordRanges(Pass):
     requires = (M.ORIG,)
     writes = (M.RANGE,)
     example_inputs: object = None  # set by passes.pipeline(...); None: parameters only
+    # Set by passes.pipeline(...): ranges by node name the plan must also hold for (other
+    # blocks, steps), widened with the recorded ones; and a function that widens ranges by
+    # name across ranks (amprewrite.plans.across_ranks), or None.
+    prior: Mapping[str, ValueRange] | None = None
+    reduce: Callable[[dict[str, ValueRange]], dict[str, ValueRange]] | None = None
 
     @property
     def needs_code(self) -> bool:
@@ -112,9 +154,15 @@ class RecordRanges(Pass):
         batches = self._batches()
         if not batches:
             return False
-        ranges = record_ranges(gm, batches, low)
-        for node, r in ranges.items():
-            node.meta[M.RANGE] = r
+        named = by_name(record_ranges(gm, batches, low), gm)
+        for name, r in (self.prior or {}).items():
+            named[name] = widest(named.get(name), r)
+        if self.reduce is not None:
+            named = self.reduce(named)
+        for node, name in qualified_names(gm).items():  # region bodies' nodes too
+            if name in named:
+                node.meta[M.RANGE] = named[name]
+        gm.meta[M.RANGES_KEY] = named
         rep = gm.meta.get(REPORT_KEY)
         if rep is not None and len(batches) > 1:
             rep.notes.append(f"ranges: recorded on the example inputs and {len(batches) - 1} "

@@ -36,9 +36,12 @@ def test_every_pass_declares_itself_and_the_order_holds():
     assert rewrite_passes() == {"transform_bodies", "vectorize_loops", "replace_upsample",
                                 "rescale_matmuls", "insert_casts", "store_params",
                                 "float8_linears", "recompute_islands"}
-    # Every stage is a named step of the one list: region bodies first, the cast plan before
-    # the casts that realise it.
-    assert names[0] == "transform_bodies" and names[-1] == "verify"
+    # Every stage is a named step of the one list: region bodies after the ranges are recorded
+    # (the bodies' values are recorded in fp32) and before painting, the cast plan before the
+    # casts that realise it.
+    assert names[0] == "normalize_modules" and names[-1] == "verify"
+    assert (names.index("record_ranges") < names.index("transform_bodies")
+            < names.index("paint_precision"))
     assert names.index("plan_casts") + 1 == names.index("insert_casts")
 
 

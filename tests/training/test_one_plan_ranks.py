@@ -1,0 +1,90 @@
+"""Every rank compiles the same graph (DESIGN.md, "One plan at scale"): the per-block recipe on 2
+and 4 gloo processes, each rank with its own data, one rank's data overflowing fp16 where the
+others' do not. Ranges are widened across ranks before each plan is fixed, so every rank runs
+the same generated code and every rank's output is finite; a training step that overflows on
+one rank makes every rank plan again (amprewrite.GradScaler reduces found_inf)."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
+
+HOT_RANK = 1
+
+
+def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        import amprewrite
+        from amprewrite import plans
+        from amprewrite.testing.scale import (
+            blocks_model,
+            compile_blocks,
+            growing_batches,
+            growing_mlp,
+            train,
+        )
+        from amprewrite.verify import rel_err
+
+        # An MLP without a norm in front: only the hot rank's inputs take it past fp16's range.
+        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 + rank))
+        if rank == HOT_RANK:
+            x = x * 3e4
+        ref = growing_mlp()(x)
+        compiled = torch.compile(growing_mlp(), backend="amprewrite",
+                                 options={"dtype": "fp16", "inner": "eager"})
+        out = compiled(x)
+        codes = sorted(p.gm.code for plan in plans.plans_of(compiled) for p in plan.plans)
+        rep = amprewrite.report(compiled)
+        # The per-block recipe: every block's graph the same on every rank too.
+        torch._dynamo.reset()
+        blocks = compile_blocks(blocks_model(), options={"dtype": "fp16", "inner": "eager"})
+        blocks(torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(20 + rank)))
+        codes += sorted(p.gm.code for plan in plans.plans_of(blocks) for p in plan.plans)
+        # Training: only the hot rank's batches grow; every rank must plan again with it.
+        torch._dynamo.reset()
+        batches = growing_batches(16, shift_at=100 if rank != HOT_RANK else 6,
+                                  seed=1 + rank)
+        mlp = torch.compile(growing_mlp(), backend="amprewrite",
+                            options={"dtype": "fp16", "inner": "eager"})
+        run = train(mlp, batches, "amprewrite")
+        mlp_codes = sorted(p.gm.code for plan in plans.plans_of(mlp) for p in plan.plans)
+        torch.save({"finite": bool(torch.isfinite(out).all()), "error": rel_err(out, ref),
+                    "codes": codes, "ranks": [g.ranks for g in rep.graphs],
+                    "mlp_codes": mlp_codes, "losses": run.losses},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_compiles_the_same_graph_and_stays_finite(tmp_path, world):
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world,
+             join=True)
+    runs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for r, run in enumerate(runs):
+        assert run["finite"], r
+        assert run["error"] < 1e-3, (r, run["error"])
+        assert run["ranks"] and all(n == world for n in run["ranks"])
+        assert run["codes"] == runs[0]["codes"], f"rank {r} compiled other code than rank 0"
+        assert run["mlp_codes"] == runs[0]["mlp_codes"], r
+    # The hot rank's ranges are in every rank's plan: it is not the plan a cool rank's data
+    # alone gives (compiled here, in one process).
+    from amprewrite import plans
+    from amprewrite.testing.scale import growing_mlp
+
+    torch._dynamo.reset()
+    cool = torch.compile(growing_mlp(), backend="amprewrite",
+                         options={"dtype": "fp16", "inner": "eager"})
+    cool(torch.randn(8, 32, generator=torch.Generator().manual_seed(10)))
+    (cool_code,) = [p.gm.code for plan in plans.plans_of(cool) for p in plan.plans]
+    assert cool_code not in runs[0]["codes"]
+    # Training: the hot rank's overflow cost every rank the same one step, then all went on.
+    for r, run in enumerate(runs):
+        bad = [k for k, v in enumerate(run["losses"]) if not torch.isfinite(torch.tensor(v))]
+        assert bad == ([6] if r == HOT_RANK else []), (r, bad)

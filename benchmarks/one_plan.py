@@ -11,8 +11,8 @@ Rows:
   block recorded once; plans made for the blocks that need one) against the same recipe with
   the per-block check off (the plan of the call dynamo compiled on, for every block: what the
   backend did before), each one's output error against fp32 (the unchecked one is not
-  finite); a later call's time and what the per-call check (ids of the parameters, a set and
-  a dict lookup) costs of it.
+  finite; ``whole_model_error``: the same model transformed at once); a later call's time
+  and what the per-call check (ids of the parameters, a set and a dict lookup) costs of it.
 - ``train:<recipe>``: the MLP whose inputs grow 30000x at step 10, Adam, ``--steps`` steps:
   fp32; fp16 autocast with ``torch.amp.GradScaler``; the backend with ``torch.amp.GradScaler``;
   the backend with ``amprewrite.GradScaler``. Mean loss over the run (finite steps), against
@@ -102,6 +102,9 @@ def blocks_rows(repeats: int) -> list[dict]:
     # Four block calls per model call, each through one plan's check.
     row["check_us_per_block"] = statistics.median(_check_us(p) for p in live)
     row["check_share"] = 4 * row["check_us_per_block"] / (row["later_call_ms"] * 1e3)
+    whole = blocks_model()
+    row["whole_model_error"] = rel_err(
+        amprewrite.transform(whole, "fp16", example_inputs=(x,))(x), ref)
     rep = amprewrite.report(model)
     row["plans"] = sum(len(g.plans) for g in rep.graphs)
     row["replans"] = len(rep.replans)
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     rows = blocks_rows(args.repeats)
     print(table(rows, ["case", "recipe", "first_call_s", "later_call_ms",
-                       "check_us_per_block", "check_share", "plans", "replans", "error"]))
+                       "check_us_per_block", "check_share", "plans", "replans", "error",
+                       "whole_model_error"]))
     train = train_rows(args.steps)
     print(table(train, ["case", "steps", "nonfinite", "mean_loss", "mean_vs_fp32",
                         "last_loss", "seconds"]))

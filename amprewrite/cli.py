@@ -10,9 +10,10 @@
 - ``amprewrite check TARGET [--inputs SPEC ...] [--rtol R] [--fix]``: fp32 vs transformed
   error, per-node errors, the first non-finite node; exit status 1 when it fails, 2 on bad usage.
 - ``amprewrite export TARGET [--inputs SPEC ...] [--to pt2|aoti|onnx] [--out PATH] [--static]
-  [--no-check]``: transform, write a torch.export program, an AOTInductor package or ONNX,
-  load it back and run it at two batch sizes against fp32, autocast and the GraphModule; exit
-  status 1 when it fails to load or run or departs from the GraphModule.
+  [--dynamic-seq] [--no-check]``: transform, write a torch.export program, an AOTInductor
+  package or ONNX, load it back and run it at two batch sizes (and sequence lengths) against
+  fp32, autocast and the GraphModule; exit status 1 when it fails to load or run or departs
+  from the GraphModule.
 - ``amprewrite families``: the op-family table.
 
 TARGET is ``path/to/file.py:factory`` or ``package.module:factory``; the factory returns a model
@@ -73,6 +74,7 @@ _KEYWORD_TO_FLAG = [
     (r"\brtol=", "--rtol "),
     (r"\bcheck=False\b", "--no-check"),
     (r"\bdynamic_batch=False\b", "--static"),
+    (r"\bdynamic_seq=True\b", "--dynamic-seq"),
     (r"\bto='(\w+)'", r"--to \1"),
 ]
 
@@ -548,6 +550,11 @@ _EXTENSION = {"pt2": ".pt2", "aoti": ".aoti.pt2", "onnx": ".onnx"}
 def _export(args: argparse.Namespace) -> int:
     from .deploy import export, preflight
 
+    if args.static and args.dynamic_seq:
+        from .target import UsageError
+
+        raise UsageError("--static fixes every size, --dynamic-seq makes the sequence dynamic: "
+                         "pass one of them (--dynamic-seq alone keeps the batch dynamic too).")
     out = Path(args.out or args.target.rsplit(":", 1)[-1] + _EXTENSION[args.to])
     preflight(args.to, args.dtype, not args.no_check, out)  # bf16 ONNX, packages: before work
     with Steps(2, log=True) as steps:
@@ -558,7 +565,8 @@ def _export(args: argparse.Namespace) -> int:
         steps.step(f"exporting to {out}")
         result = _attempt("exporting", lambda: export(
             target.model, target.inputs, path=out, to=args.to, dtype=args.dtype,
-            dynamic_batch=not args.static, check=not args.no_check, upsample=args.upsample,
+            dynamic_batch=not args.static, dynamic_seq=args.dynamic_seq,
+            check=not args.no_check, upsample=args.upsample,
             **_selector_flags(args)),
             target)
     if was_training:
@@ -764,6 +772,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the default)")
     shapes.add_argument("--static", action="store_true",
                         help="every size fixed to the example inputs'")
+    exp.add_argument("--dynamic-seq", action="store_true",
+                     help="dimension 1 of every input dynamic too where the model allows it: "
+                          "the sequence of token ids and masks ([batch, seq]), so the artefact "
+                          "takes other lengths; checked at the example's length and another")
     exp.add_argument("--no-check", action="store_true",
                      help="write the file without loading it back and running it (needed for "
                           "a bf16 ONNX file: onnxruntime has no bf16 Conv/MatMul on the CPU)")

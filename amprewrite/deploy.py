@@ -34,7 +34,7 @@ from .policy import parse_dtype
 from .portable import foreign_types, loads_alone, plain, portable_module
 from .progress import quiet_loggers, status
 from .report import text_table
-from .shapes import BATCH, capture_spec
+from .shapes import BATCH, SEQ, capture_spec
 from .verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 
 __all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",
@@ -74,6 +74,8 @@ class CheckRow:
     # ONNX only: the file's error against fp32 with every value it declares float16 really
     # rounded (amprewrite/onnx_rounded.py); onnxruntime's CPU provider skips most roundings.
     rounded_error: float | None = None
+    # dimension 1 of the inputs whose sequence is dynamic (export(dynamic_seq=True)), else None
+    seq: int | None = None
 
     @property
     def equal(self) -> bool:
@@ -91,6 +93,8 @@ class DeployResult:
     gm: fx.GraphModule  # the transformed graph that was exported
     batch_range: tuple[int, float] | None  # the batch sizes the artefact takes; None: static
     rows: list[CheckRow] = field(default_factory=list)
+    # the sequence lengths it takes (dimension 1; export(dynamic_seq=True)); None: static
+    seq_range: tuple[int, float] | None = None
     rule: str = ""  # what every row must meet, in words
     problems: list[str] = field(default_factory=list)  # why the check failed
     skipped: str | None = None  # why the artefact was not loaded and run (check=False)
@@ -112,11 +116,9 @@ class DeployResult:
         """What was written, the table of errors and the verdict, as ``amprewrite export``
         prints them."""
         dtype = str(self.dtype).replace("torch.", "")
-        if self.batch_range is None:
-            shapes = "every size static"
-        else:
-            lo, hi = self.batch_range
-            shapes = f"batch dynamic in [{lo}, {'inf' if math.isinf(hi) else int(hi)}]"
+        shapes = ", ".join(f"{what} dynamic in {_range(r)}" for what, r in (
+            ("batch", self.batch_range), ("sequence", self.seq_range)) if r is not None)
+        shapes = shapes or "every size static"
         lines = [f"wrote {', '.join(map(str, self.files))} ({_DESCRIBE[self.to]}, {dtype}, "
                  f"{shapes})"]
         lines += [f"note: {note}" for note in self.notes]
@@ -125,9 +127,13 @@ class DeployResult:
         if self.rows:
             lines.append(f"loaded with {_LOADER[self.to]} and run; relative errors:")
             rounded = any(r.rounded_error is not None for r in self.rows)
-            table = [["batch", "vs fp32", *([f"{dtype} rounded vs fp32"] if rounded else []),
+            seq = self.seq_range is not None
+            table = [["batch", *(["seq"] if seq else []), "vs fp32",
+                      *([f"{dtype} rounded vs fp32"] if rounded else []),
                       "autocast vs fp32", "vs GraphModule", f"equal (<= {SAME_AS_GRAPH:g})"]]
-            table += [["-" if r.batch is None else str(r.batch), f"{r.error:.3e}",
+            table += [["-" if r.batch is None else str(r.batch),
+                       *([str(r.seq) if r.seq is not None else "-"] if seq else []),
+                       f"{r.error:.3e}",
                        *([_num(r.rounded_error)] if rounded else []),
                        f"{r.autocast_error:.3e}", f"{r.graph_error:.3e}",
                        "yes" if r.equal else "no"] for r in self.rows]
@@ -193,8 +199,8 @@ def _importable(name: str) -> bool:
 
 def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
            to: str = "pt2", dtype: torch.dtype | str = torch.bfloat16,
-           dynamic_batch: bool = True, check: bool = True, other_batches: int = 1,
-           **options: object) -> DeployResult:
+           dynamic_batch: bool = True, dynamic_seq: bool = False, check: bool = True,
+           other_batches: int = 1, **options: object) -> DeployResult:
     """Transform ``model``, write it to ``path`` as ``to`` and check the file.
 
     Args:
@@ -213,8 +219,15 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         dynamic_batch: dimension 0 of every input dynamic where the model allows it
             (``transform(dynamic_shapes="batch")`` and ``Dim.AUTO`` at export); ``False``
             fixes every size to the example's.
-        check: load the file back, run it at the example batch and at another batch size, and
-            compare (see :class:`DeployResult`); ``False`` only writes it.
+        dynamic_seq: dimension 1 of every input of two or more dimensions dynamic too where the
+            model allows it (``Dim.AUTO``, as for the batch): the sequence of ``[batch, seq]``
+            token ids and masks and ``[batch, seq, hidden]`` embeddings, so a language model's
+            artefact takes other lengths than the example's. An input whose dimension 1 the
+            model fixes (an image's channels) stays static; a note says so when none became
+            dynamic. Checked, like the batch, at the example's length and another.
+        check: load the file back, run it at the example batch and at another batch size (and
+            with ``dynamic_seq`` at another sequence length), and compare (see
+            :class:`DeployResult`); ``False`` only writes it.
         other_batches: how many batch sizes besides the example's the check runs, where the
             artefact's batch range has that many.
         options: more keywords for :func:`amprewrite.transform` (``keep_fp32``,
@@ -267,10 +280,15 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     timings: dict[str, float] = {}
     start = time.perf_counter()
     status(f"transforming to {str(dtype).replace('torch.', '')}", log=True)
-    gm = transform(model, dtype, example_inputs=example_inputs,
-                   dynamic_shapes=BATCH if dynamic_batch else None, **options)
+    dims = (0,) * bool(dynamic_batch) + (SEQ,) * bool(dynamic_seq)
+    # Dimension 0 alone: transform's own default, "batch"; with the sequence, the same
+    # Dim.AUTO spec for dimensions 0 and 1, built on the model's arguments.
+    shapes = (None if not dims else BATCH if dims == (0,)
+              else capture_spec(model, args, kwargs, BATCH, dims)[0])
+    gm = transform(model, dtype, example_inputs=example_inputs, dynamic_shapes=shapes,
+                   **options)
     timings["transform"] = time.perf_counter() - start
-    spec = capture_spec(gm, args, kwargs, BATCH)[0] if dynamic_batch else None
+    spec = capture_spec(gm, args, kwargs, BATCH, dims)[0] if dims else None
     status("exporting with torch.export", log=True)
     start = time.perf_counter()
     try:
@@ -281,14 +299,21 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         raise DeployError(
             f"torch.export.export failed on the transformed graph: {type(exc).__name__}: "
             f"{_first_line(exc)}. The GraphModule itself runs; please report the model, and "
-            "try dynamic_batch=False meanwhile.") from None
+            + ("try without dynamic_seq=True, or " if dynamic_seq else "try ")
+            + "dynamic_batch=False meanwhile.") from None
     timings["export"] = time.perf_counter() - start
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with _quiet():
         files = _WRITERS[to](ep, args, kwargs, path)
     timings["write"] = time.perf_counter() - start
-    result = DeployResult(to, dtype, files, gm, _batch_range(ep), timings=timings)
+    result = DeployResult(to, dtype, files, gm, _dim_range(ep, 0),
+                          seq_range=_dim_range(ep, SEQ) if dynamic_seq else None,
+                          timings=timings)
+    if dynamic_seq and result.seq_range is None:
+        result.notes.append(
+            "dynamic_seq: no input's dimension 1 became dynamic (the model fixes it, or no "
+            "input has one of size 2 or more), so the artefact takes the example's length only")
     changed = foreign_types(getattr(gm.graph._codegen, "pytree_info", None)
                             and gm.graph._codegen.pytree_info.out_spec)
     if changed:
@@ -300,14 +325,15 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     if not check:
         result.skipped = "the file was not loaded back or run (check=False)"
         return result
+    sizes = "every batch size" + (" and sequence length" if result.seq_range else "")
     result.rule = (
         f"{'onnxruntime' if to == 'onnx' else 'the AOTInductor package'}'s error against fp32 "
         + ("and the file's with every value it declares low rounded " if to == "onnx" else "")
-        + f"is within transform's own bound at every batch size (4x autocast's + "
+        + f"is within transform's own bound at {sizes} (4x autocast's + "
         f"{VERIFY_ROUNDOFFS} unit roundoffs of {str(dtype).replace('torch.', '')}; its own "
         "kernels round differently from the GraphModule's)" if to in _OWN_KERNELS else
         f"the artefact's outputs equal the GraphModule's within {SAME_AS_GRAPH:g} relative at "
-        "every batch size")
+        f"{sizes}")
     start = time.perf_counter()
     _check(result, model, ep, args, kwargs, path, other_batches)
     timings["check"] = time.perf_counter() - start
@@ -394,7 +420,8 @@ def _transformers_translations() -> dict | None:
 def _name_onnx_io(model, ep) -> None:
     """Name the file's outputs after the model's (``logits``, ``past_key_values.0.1``; the
     export names them after graph nodes: ``layer_norm_4``) and its batch dimension ``batch``
-    (the export's symbol: ``s72``), so a runtime's user reads them as the model's."""
+    (the export's symbol: ``s72``) and a dynamic sequence ``sequence``, so a runtime's user
+    reads them as the model's."""
     from torch.utils._pytree import keystr, tree_flatten_with_path
 
     graph = model.graph
@@ -413,17 +440,20 @@ def _name_onnx_io(model, ep) -> None:
             node.input[:] = [renames.get(n, n) for n in node.input]
         for o in graph.output:
             o.name = renames.get(o.name, o.name)
-    # The symbol of dimension 0 of the inputs (one, when the batch is dynamic) is "batch".
-    symbols = {i.type.tensor_type.shape.dim[0].dim_param for i in graph.input
-               if i.type.HasField("tensor_type") and i.type.tensor_type.shape.dim
-               and i.type.tensor_type.shape.dim[0].dim_param}
-    if len(symbols) == 1:
-        (symbol,) = symbols
-        for value in (*graph.input, *graph.output, *graph.value_info):
-            if value.type.HasField("tensor_type"):
-                for dim in value.type.tensor_type.shape.dim:
-                    if dim.dim_param == symbol:
-                        dim.dim_param = "batch"
+    # The symbol of dimension 0 of the inputs (one, when the batch is dynamic) is "batch"; of
+    # dimension 1 (one, when the sequence is: export(dynamic_seq=True)) "sequence".
+    names: dict[str, str] = {}
+    for k, name in ((0, "batch"), (SEQ, "sequence")):
+        symbols = {i.type.tensor_type.shape.dim[k].dim_param for i in graph.input
+                   if i.type.HasField("tensor_type") and len(i.type.tensor_type.shape.dim) > k
+                   and i.type.tensor_type.shape.dim[k].dim_param}
+        if len(symbols) == 1 and not symbols & names.keys():
+            names[symbols.pop()] = name
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type"):
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param in names:  # (setting it on a static dim would clear its size)
+                    dim.dim_param = names[dim.dim_param]
 
 
 _WRITERS: dict[str, Callable[..., list[Path]]] = {
@@ -500,7 +530,7 @@ def _check(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict
            path: Path, other_batches: int = 1) -> None:
     artefact = _check_runs(result, model, ep, args, kwargs, path, other_batches)
     if artefact is not None:
-        _probe_batch_one(result, artefact, model, ep, args, kwargs)
+        _probe_size_one(result, artefact, model, ep, args, kwargs)
 
 
 def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs: dict,
@@ -521,20 +551,21 @@ def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs:
         if alone is not None:
             result.problems.append(f"{path} fails to load with {_LOADER[result.to]} in a new "
                                    f"Python process that imports only torch: {alone}")
-    for batch, a, k in _runs(result, ep, args, kwargs, other_batches):
-        status(f"running the artefact at batch {batch}")
+    for batch, seq, a, k in _runs(result, ep, args, kwargs, other_batches):
+        at = f"batch {batch}" + (f", sequence length {seq}" if seq is not None else "")
+        status(f"running the artefact at {at}")
         try:
             with torch.no_grad():
                 outs = _tensors(artefact(*a, **k))
         except Exception as exc:
-            result.problems.append(f"the artefact fails to run at batch {batch}: "
+            result.problems.append(f"the artefact fails to run at {at}: "
                                    f"{type(exc).__name__}: {_first_line(exc)}")
             continue
         with torch.no_grad():
             graphs = _tensors(result.gm(*a, **k))
             refs = _floats(model(*a, **k))
             autos = _autocast(model, a, k, result.dtype)
-        problem = _compare(outs, graphs, batch)
+        problem = _compare(outs, graphs, at)
         if problem is not None:
             result.problems.append(problem)
             continue
@@ -545,15 +576,16 @@ def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs:
                                 "outputs are compared for equality, there is no error to "
                                 "measure")
         row = CheckRow(batch, _worst(outs, refs),
-                       math.inf if autos is None else _worst(autos, refs), _worst(outs, graphs))
+                       math.inf if autos is None else _worst(autos, refs), _worst(outs, graphs),
+                       seq=seq)
         if isinstance(artefact, _OnnxFile):
             try:
                 with _quiet():
                     rounded = [o for o in artefact.rounded(*a, **k) if o.is_floating_point()]
             except Exception as exc:
                 result.problems.append(
-                    f"the ONNX file could not be run with its float16 values rounded at batch "
-                    f"{batch}: {type(exc).__name__}: {_first_line(exc)}")
+                    f"the ONNX file could not be run with its float16 values rounded at {at}: "
+                    f"{type(exc).__name__}: {_first_line(exc)}")
             else:
                 row = dataclasses.replace(row, rounded_error=_worst(rounded, refs))
         result.rows.append(row)
@@ -561,14 +593,14 @@ def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs:
             bound = verify_bound(row.autocast_error, result.dtype) * check_factor(result.gm)
             if not row.error <= bound:
                 result.problems.append(
-                    f"at batch {batch} the {_DESCRIBE[result.to]}'s error against fp32 is "
+                    f"at {at} the {_DESCRIBE[result.to]}'s error against fp32 is "
                     f"{row.error:.3g}, "
                     f"above the {bound:.3g} transform's check accepts (autocast's: "
                     f"{row.autocast_error:.3g})")
             if row.rounded_error is not None and not row.rounded_error <= bound:
                 finite = all(bool(torch.isfinite(r).all()) for r in refs)
                 result.problems.append(
-                    f"at batch {batch}, with every value the ONNX file declares "
+                    f"at {at}, with every value the ONNX file declares "
                     f"{_dtype_name(result.dtype)} rounded to it (as a {_dtype_name(result.dtype)}"
                     " runtime computes; onnxruntime's CPU provider computes most of them in "
                     "float32), the file's error against fp32 is "
@@ -580,62 +612,83 @@ def _check_runs(result: DeployResult, model: nn.Module, ep, args: tuple, kwargs:
                        "accepts"))
         elif not row.equal:
             result.problems.append(
-                f"at batch {batch} the artefact departs from the GraphModule by "
+                f"at {at} the artefact departs from the GraphModule by "
                 f"{row.graph_error:.3g} relative (allowed: {SAME_AS_GRAPH:g}); please report "
                 "the model")
     return artefact
 
 
-def _probe_batch_one(result: DeployResult, artefact: Callable[..., object], model: nn.Module,
-                     ep, args: tuple, kwargs: dict) -> None:
+def _probe_size_one(result: DeployResult, artefact: Callable[..., object], model: nn.Module,
+                    ep, args: tuple, kwargs: dict) -> None:
     """torch.export records 2 as the low end of a dynamic size (it specialises 0 and 1), yet
-    the program may run at 1. Run it there: the range says [1, ...] only where batch 1 ran and
-    was as close to fp32 as the check asks; otherwise a note says why it starts at 2."""
-    if result.batch_range is None or result.batch_range[0] != 2 or result.problems:
-        return
-    batched = _batched_leaves(ep, args, kwargs)
-    if not batched:
-        return
-    a, k = _resized(args, kwargs, batched, 1)
-    status("running the artefact at batch 1")
-    try:
-        with torch.no_grad(), _quiet():
-            outs = _floats(artefact(*a, **k))
-            refs = _floats(model(*a, **k))
-    except Exception as exc:
-        result.notes.append(f"batch 1 does not run ({type(exc).__name__}: {_first_line(exc)}): "
-                            "the batch starts at 2, as torch.export records a dynamic size")
-        return
-    autos = _autocast(model, a, k, result.dtype)
-    error = _worst(outs, refs)
-    bound = verify_bound(math.inf if autos is None else _worst(autos, refs),
-                         result.dtype) * check_factor(result.gm)
-    if error <= bound:
-        result.batch_range = (1, result.batch_range[1])
-        result.notes.append(f"batch 1 ran too (error against fp32 {error:.3g}): torch.export "
-                            "records a dynamic size from 2, the program takes 1 as well")
-    else:
-        result.notes.append(f"at batch 1 the error against fp32 is {error:.3g}, above the "
-                            f"{bound:.3g} the check accepts: use batch sizes from 2")
+    the program may run at 1. Run it there, batch and sequence each: a range says [1, ...] only
+    where size 1 ran and was as close to fp32 as the check asks; otherwise a note says why it
+    starts at 2."""
+    for dim, what in ((0, "batch"), (SEQ, "sequence length")):
+        size_range = result.batch_range if dim == 0 else result.seq_range
+        if size_range is None or size_range[0] != 2 or result.problems:
+            continue
+        leaves = _dynamic_leaves(ep, args, kwargs, dim)
+        if not leaves:
+            continue
+        a, k = _resized(args, kwargs, leaves, 1, dim)
+        status(f"running the artefact at {what} 1")
+        try:
+            with torch.no_grad(), _quiet():
+                outs = _floats(artefact(*a, **k))
+                refs = _floats(model(*a, **k))
+        except Exception as exc:
+            result.notes.append(f"{what} 1 does not run ({type(exc).__name__}: "
+                                f"{_first_line(exc)}): the {what} starts at 2, as "
+                                "torch.export records a dynamic size")
+            continue
+        autos = _autocast(model, a, k, result.dtype)
+        error = _worst(outs, refs)
+        bound = verify_bound(math.inf if autos is None else _worst(autos, refs),
+                             result.dtype) * check_factor(result.gm)
+        if error <= bound:
+            if dim == 0:
+                result.batch_range = (1, size_range[1])
+            else:
+                result.seq_range = (1, size_range[1])
+            result.notes.append(f"{what} 1 ran too (error against fp32 {error:.3g}): "
+                                "torch.export records a dynamic size from 2, the program takes "
+                                "1 as well")
+        else:
+            result.notes.append(f"at {what} 1 the error against fp32 is {error:.3g}, above the "
+                                f"{bound:.3g} the check accepts: use {what}s from 2")
 
 
 def _runs(result: DeployResult, ep, args: tuple, kwargs: dict, other_batches: int = 1
-          ) -> list[tuple[int | None, tuple, dict]]:
-    """The example inputs, and (when the batch is dynamic) the same at ``other_batches`` other
-    batch sizes."""
+          ) -> list[tuple[int | None, int | None, tuple, dict]]:
+    """(batch, sequence length, args, kwargs): the example inputs; (when the batch is dynamic)
+    the same at ``other_batches`` other batch sizes; (when the sequence is) at another
+    length. The sequence length is None where it is static."""
+    batch, batches = _other_sizes(result, ep, args, kwargs, 0, other_batches)
+    seq, lengths = (_other_sizes(result, ep, args, kwargs, SEQ, 1)
+                    if result.seq_range is not None else (None, ([], [])))
+    runs = [(batch, seq, args, kwargs)]
+    runs += [(n, seq, *_resized(args, kwargs, batches[0], n, 0)) for n in batches[1]]
+    runs += [(batch, n, *_resized(args, kwargs, lengths[0], n, SEQ)) for n in lengths[1]]
+    return runs
+
+
+def _other_sizes(result: DeployResult, ep, args: tuple, kwargs: dict, dim: int, count: int
+                 ) -> tuple[int | None, tuple[list[int], list[int]]]:
+    """The example's size of dimension ``dim`` (0: the batch; :data:`SEQ`), and (the flat
+    indices of the inputs where it is dynamic, up to ``count`` other sizes to run)."""
     leaves = pytree.tree_leaves((args, kwargs))
-    batched = _batched_leaves(ep, args, kwargs)
-    shaped = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim()]
-    first = leaves[batched[0]] if batched else (shaped[0] if shaped else None)
-    example = None if first is None else first.shape[0]
-    others = _other_batches(example, result.batch_range, other_batches) if batched else []
-    if not others:
-        if result.batch_range is not None:
-            result.notes.append(f"no batch size other than the example's {example} in the "
-                                f"range {result.batch_range} to run")
-        return [(example, args, kwargs)]
-    return [(example, args, kwargs),
-            *((n, *_resized(args, kwargs, batched, n)) for n in others)]
+    dynamic = _dynamic_leaves(ep, args, kwargs, dim)
+    size_range = result.batch_range if dim == 0 else result.seq_range
+    shaped = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > dim]
+    first = leaves[dynamic[0]] if dynamic else (shaped[0] if shaped else None)
+    example = None if first is None else first.shape[dim]
+    others = _other_batches(example, size_range, count) if dynamic else []
+    if not others and size_range is not None:
+        what = "batch size" if dim == 0 else "sequence length"
+        result.notes.append(f"no {what} other than the example's {example} in the range "
+                            f"{size_range} to run")
+    return example, (dynamic, others)
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -648,18 +701,17 @@ def _floats(value: object) -> list[torch.Tensor]:
     return [t for t in _tensors(value) if t.is_floating_point()]
 
 
-def _compare(outs: list[torch.Tensor], graphs: list[torch.Tensor], batch: int | None
-             ) -> str | None:
+def _compare(outs: list[torch.Tensor], graphs: list[torch.Tensor], at: str) -> str | None:
     """Why the artefact's outputs cannot be the GraphModule's (shapes, dtypes, an integer
     output that differs), or None."""
     got = [(tuple(o.shape), o.dtype) for o in outs]
     want = [(tuple(g.shape), g.dtype) for g in graphs]
     if got != want:
-        return (f"at batch {batch} the artefact returns {_shapes(got)}, the GraphModule "
+        return (f"at {at} the artefact returns {_shapes(got)}, the GraphModule "
                 f"{_shapes(want)}")
     for k, (o, g) in enumerate(zip(outs, graphs)):
         if not o.is_floating_point() and not torch.equal(o.cpu(), g.cpu()):
-            return (f"at batch {batch} the artefact's integer output {k} differs from the "
+            return (f"at {at} the artefact's integer output {k} differs from the "
                     "GraphModule's")
     return None
 
@@ -683,9 +735,10 @@ def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
         return None
 
 
-def _batch_range(ep) -> tuple[int, float] | None:
-    """The batch sizes ``ep`` takes (every dynamic dimension 0 of its inputs), or None."""
-    ranges = [ep.range_constraints.get(s.node.expr) for s in _input_dim0s(ep)
+def _dim_range(ep, dim: int) -> tuple[int, float] | None:
+    """The sizes ``ep`` takes in dimension ``dim`` of its inputs (0: the batch; :data:`SEQ`:
+    the sequence), over every input where it is dynamic, or None where it is nowhere."""
+    ranges = [ep.range_constraints.get(s.node.expr) for s in _input_dims(ep, dim)
               if isinstance(s, torch.SymInt)]
     ranges = [r for r in ranges if r is not None]
     if not ranges:
@@ -695,18 +748,20 @@ def _batch_range(ep) -> tuple[int, float] | None:
     return lo, hi
 
 
-def _input_dim0s(ep) -> list[object]:
-    """Dimension 0 of each tensor user input of ``ep``, in the order of its flat inputs."""
+def _input_dims(ep, dim: int) -> list[object]:
+    """Dimension ``dim`` of each tensor user input of ``ep`` (None where it has none), in the
+    order of its flat inputs."""
     user = set(ep.graph_signature.user_inputs)
     vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder" and n.name in user]
-    return [v.shape[0] if isinstance(v, torch.Tensor) and v.dim() else None for v in vals]
+    return [v.shape[dim] if isinstance(v, torch.Tensor) and v.dim() > dim else None
+            for v in vals]
 
 
-def _batched_leaves(ep, args: tuple, kwargs: dict) -> list[int]:
-    """Flat indices of the inputs whose dimension 0 is dynamic in ``ep``."""
+def _dynamic_leaves(ep, args: tuple, kwargs: dict, dim: int) -> list[int]:
+    """Flat indices of the inputs whose dimension ``dim`` is dynamic in ``ep``."""
     leaves = pytree.tree_leaves((args, kwargs))
     tensors = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
-    dims = _input_dim0s(ep)
+    dims = _input_dims(ep, dim)
     if len(dims) == len(leaves):
         pairs = list(enumerate(dims))
     elif len(dims) == len(tensors):
@@ -729,16 +784,25 @@ def _other_batches(example: int | None, batch_range: tuple[int, float] | None, c
     return list(dict.fromkeys(fits))[:count]
 
 
-def _resized(args: tuple, kwargs: dict, batched: list[int], n: int) -> tuple[tuple, dict]:
-    """The inputs with ``n`` rows: rows of the example drawn at random (the same rows for every
-    batched input, so token ids stay in the vocabulary and an id row keeps its mask)."""
+def _resized(args: tuple, kwargs: dict, dynamic: list[int], n: int, dim: int = 0
+             ) -> tuple[tuple, dict]:
+    """The inputs with size ``n`` in dimension ``dim`` (the same for every input in
+    ``dynamic``, so token ids stay in the vocabulary and an id row keeps its mask): rows of the
+    example drawn at random for the batch; for the sequence its first ``n`` positions, repeated
+    from the start past its end."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
-    example = leaves[batched[0]].shape[0]
-    rows = torch.randint(example, (n,), generator=torch.Generator().manual_seed(0))
-    for i in batched:
-        if leaves[i].shape[0] == example:
-            leaves[i] = leaves[i][rows.to(leaves[i].device)]
+    example = leaves[dynamic[0]].shape[dim]
+    index = (torch.randint(example, (n,), generator=torch.Generator().manual_seed(0))
+             if dim == 0 else torch.arange(n) % example)
+    for i in dynamic:
+        if leaves[i].shape[dim] == example:
+            leaves[i] = leaves[i].index_select(dim, index.to(leaves[i].device))
     return pytree.tree_unflatten(leaves, spec)
+
+
+def _range(size_range: tuple[int, float]) -> str:
+    lo, hi = size_range
+    return f"[{lo}, {'inf' if math.isinf(hi) else int(hi)}]"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

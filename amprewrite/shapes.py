@@ -26,8 +26,8 @@ from torch.utils import _pytree as pytree
 from .errors import SignatureError
 from .meta import fake_value
 
-__all__ = ["BATCH", "InputCheck", "InputGuard", "bind_call", "capture_spec", "flat_inputs",
-           "positional_leaves"]
+__all__ = ["BATCH", "SEQ", "InputCheck", "InputGuard", "bind_call", "capture_spec",
+           "flat_inputs", "positional_leaves"]
 
 BATCH = "batch"
 """``transform(dynamic_shapes=...)``'s default: dimension 0 of every tensor input dynamic where
@@ -36,16 +36,23 @@ the model allows it (``torch.export.Dim.AUTO``), every other dimension static.""
 _TENSOR = object()  # marks a tensor leaf in ``constants``
 
 
-def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object
-                 ) -> tuple[object, dict[str, object]]:
+SEQ = 1
+"""The sequence dimension: dimension 1 of a ``[batch, seq, ...]`` input (token ids, masks,
+positions, embeddings), made dynamic by ``deploy.export(dynamic_seq=True)``."""
+
+
+def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object,
+                 dims: Sequence[int] = (0,)) -> tuple[object, dict[str, object]]:
     """The ``dynamic_shapes`` to capture ``model(*args, **kwargs)`` with (torch.export's form:
     a dict by argument name or a tuple by position), and the arguments by name.
 
     ``dynamic_shapes`` is :data:`BATCH` (dimension 0 of each tensor of size >= 2 is
     ``Dim.AUTO``: dynamic unless the model fixes it), ``None`` (all static, as torch.export
-    reads None) or torch.export's own spec, returned as given. Dimensions marked with
-    ``torch._dynamo.mark_dynamic`` (a capture for new sizes) are added as ``Dim.AUTO`` to the
-    batch spec, since dynamo reads no marks when it is given a spec.
+    reads None) or torch.export's own spec, returned as given. ``dims``: the dimensions the
+    :data:`BATCH` spec makes ``Dim.AUTO`` where a tensor has them at size >= 2 (dynamo
+    specialises 0 and 1): ``(0,)``, the batch; ``(0, SEQ)`` the sequence too. Dimensions
+    marked with ``torch._dynamo.mark_dynamic`` (a capture for new sizes) are added as
+    ``Dim.AUTO`` to the batch spec, since dynamo reads no marks when it is given a spec.
     """
     from torch.export import Dim
 
@@ -53,15 +60,14 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
     if not (isinstance(dynamic_shapes, str) and dynamic_shapes == BATCH):
         return dynamic_shapes, dict(bound)
 
-    def dims(value: object) -> object:
+    def auto(value: object) -> object:
         if not isinstance(value, torch.Tensor):
             return None
         marked = set(getattr(value, "_dynamo_dynamic_indices", ()))
-        if value.dim() and value.shape[0] >= 2:
-            marked.add(0)
+        marked.update(d for d in dims if value.dim() > d and value.shape[d] >= 2)
         return {d: Dim.AUTO for d in sorted(marked)} or None
 
-    spec = {name: pytree.tree_map(dims, value) for name, value in bound.items()}
+    spec = {name: pytree.tree_map(auto, value) for name, value in bound.items()}
     if not any(isinstance(leaf, dict) for leaf in pytree.tree_leaves(
             spec, is_leaf=lambda v: isinstance(v, dict) and all(isinstance(k, int) for k in v))):
         return None, dict(bound)  # nothing can be dynamic: a static capture, as before

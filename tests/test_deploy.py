@@ -376,3 +376,87 @@ def test_an_moe_model_exports_to_fp16_onnx_with_transformers_translations(tmp_pa
     assert result.passed, result.summary()
     assert len(result.rows) == 2  # the example batch and another
     assert all(r.error <= r.autocast_error for r in result.rows), result.rows
+
+
+# Issue 47, item 5: a dynamic sequence dimension ----------------------------------------------
+
+class _Tokens(nn.Module):
+    """A language model's shape: [batch, seq] token ids and mask, positions from arange."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok, self.pos = nn.Embedding(64, 16), nn.Embedding(64, 16)
+        self.head = nn.Linear(16, 64)
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        h = (self.tok(input_ids) + self.pos(positions)) * attention_mask[..., None]
+        return torch.log_softmax(self.head(torch.tanh(h)), -1)
+
+
+def _tokens(batch: int, seq: int) -> dict:
+    ids = torch.randint(0, 64, (batch, seq), generator=torch.Generator().manual_seed(seq))
+    return {"input_ids": ids, "attention_mask": torch.ones(batch, seq)}
+
+
+def test_dynamic_seq_export_takes_other_lengths_and_checks_one(tmp_path):
+    model = _Tokens().eval()
+    path = tmp_path / "tokens.pt2"
+    result = deploy.export(model, _tokens(2, 12), path=path, dynamic_seq=True)
+    assert result.passed, result.summary()
+    assert result.batch_range is not None and result.seq_range is not None
+    assert result.seq_range[0] <= 2 and result.seq_range[1] > 12
+    # The example, another batch at the example's length, the example batch at another length.
+    assert [(r.batch, r.seq) for r in result.rows][:2] == [(2, 12), (5, 12)]
+    assert len(result.rows) == 3 and result.rows[2].batch == 2 and result.rows[2].seq != 12
+    assert "sequence dynamic in [" in result.summary()
+    program = torch.export.load(path).module()
+    for batch, seq in ((3, 20), (1, 5), (2, 40)):
+        inputs = _tokens(batch, seq)
+        with torch.no_grad():
+            got, want = program(**inputs), result.gm(**inputs)
+        assert got.shape == (batch, seq, 64)
+        assert rel_err(got, want) <= deploy.SAME_AS_GRAPH
+    # Without it the length stays the example's, as before.
+    static = deploy.export(model, _tokens(2, 12), path=tmp_path / "static.pt2", check=False)
+    assert static.seq_range is None and "sequence" not in static.summary()
+    with pytest.raises(AssertionError, match=r"Guard failed: .*size\(\)\[1\] == 12"):
+        torch.export.load(tmp_path / "static.pt2").module()(**_tokens(2, 20))
+
+
+def test_dynamic_seq_says_so_where_the_model_fixes_dimension_1(models, tmp_path, capsys):
+    code = cli.main(["export", f"{models}:net", "--dynamic-seq", "--out",
+                     str(tmp_path / "net.pt2"), "--no-check"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "batch dynamic" in out and "sequence dynamic" not in out
+    assert "note: dynamic_seq: no input's dimension 1 became dynamic" in out  # the channels
+
+
+def test_dynamic_seq_and_static_together_are_refused(models, capsys):
+    code = cli.main(["export", f"{models}:net", "--static", "--dynamic-seq"])
+    (line,) = errors_of(capsys.readouterr().err)
+    assert code == 2 and "--static fixes every size, --dynamic-seq makes" in line
+
+
+@pytest.mark.slow  # 27 s on 2 shared cores: transform, export, two loads, six runs
+def test_a_gpt2_pt2_exported_with_dynamic_seq_takes_other_lengths(tmp_path):
+    """The issue's case: exported at length 16, the program refused 20 (Guard failed:
+    input_ids.size()[1] == 16)."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4,
+                                             n_positions=128)).eval()
+    path = tmp_path / "gpt2.pt2"
+    ids = torch.randint(0, 256, (2, 16))
+    result = deploy.export(model, (ids,), path=path, dynamic_seq=True)
+    assert result.passed, result.summary()
+    assert result.seq_range is not None and any(r.seq not in (None, 16) for r in result.rows)
+    program = torch.export.load(path).module()
+    for batch, seq in ((2, 20), (3, 7), (1, 64)):
+        x = torch.randint(0, 256, (batch, seq))
+        with torch.no_grad():
+            got, ref = program(x)["logits"], model(x).logits
+        assert got.shape == (batch, seq, 256)
+        assert rel_err(got, ref) <= 2e-2

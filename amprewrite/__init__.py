@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .ops import FAMILIES, Family, Precision, override_families, register_family
     from .policy import Policy
     from .report import Decision, Report, Rewrite, report
+    from .sharding import fully_shard
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -56,6 +57,7 @@ _EXPORTS = {
                      "register_family"), "ops"),
     "Policy": "policy",
     **dict.fromkeys(("Decision", "Report", "Rewrite", "report"), "report"),
+    "fully_shard": "sharding",
 }
 
 __all__ = [
@@ -84,6 +86,7 @@ __all__ = [
     "check_numerics",
     "find_fp32_nodes",
     "for_generation",
+    "fully_shard",
     "override_families",
     "register_family",
     "report",

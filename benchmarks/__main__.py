@@ -25,13 +25,18 @@
     python -m benchmarks fp8            # float8: amprewrite fp8 against bf16 and torchao's own
                                         # conversion on a LLaMA block, inference and a train
                                         # step (options: python -m benchmarks.fp8 --help)
+    python -m benchmarks sharding       # FSDP2 on gloo, 2 and 4 processes, a small LLaMA: bytes
+                                        # all-gathered and reduce-scattered per step and the
+                                        # loss over 100 steps of fp32, torchtitan bf16 and
+                                        # amprewrite.fully_shard (options: python -m
+                                        # benchmarks.sharding --help)
     python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
                                         # (its own venv: python -m benchmarks.modelopt_autocast
                                         # --help)
 
 Individual parts: python -m benchmarks.{transform_cost,runtime,upsample,loops,plots,inference,
 capture,generate,report_page,startup,conformance,mutants,memory,deploy,overflow,
-modelopt_autocast,fp8}
+modelopt_autocast,fp8,sharding}
 --help.
 """
 
@@ -58,6 +63,7 @@ from . import (
     plots,
     report_page,
     runtime,
+    sharding,
     startup,
     transform_cost,
     upsample,
@@ -119,12 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fp8"]:  # its own options (--size, --tiny, --tasks, --recipes, --out)
         fp8.main(argv[1:])
         return 0
+    if argv[:1] == ["sharding"]:  # its own options (--worlds, --steps, --recipes, --out)
+        sharding.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    # The docstring's table as written: argparse's default formatter runs it into one paragraph.
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "mutants", "memory", "deploy",
-                                         "modelopt", "overflow", "fp8"])
+                                         "modelopt", "overflow", "fp8", "sharding"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

@@ -55,8 +55,8 @@ class TransformBodies(Pass):
             body = gm.get_submodule(str(body_ref.target))
             if not isinstance(body, fx.GraphModule) or self.run_inner is None:
                 continue
-            node.meta[M.FORCE] = (Precision.FP32, f"{name} region: its body is transformed as "
-                                  "its own graph, with fp32 inputs and outputs")
+            node.meta[M.FORCE] = (Precision.NONFLOAT, f"{name} region: its body is transformed "
+                                  "as its own graph, its inputs and outputs in the model's dtypes")
             if REPORT_KEY in body.meta:
                 continue  # transformed already: a body two regions call
             annotate_dynamo_graph(body.graph)

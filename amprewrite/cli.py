@@ -375,14 +375,18 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
             path.write_text(code)
             files[f"passes/{path.name}"] = path
         if render is not None:
+            missing: dict[str, list[str]] = {}  # problem -> the files it left out
             for done in render.wait(lambda pending, waited: steps.status(
                     f"waiting for dot on {', '.join(pending)} ({waited:.0f} s of "
                     f"{render.timeout:g} s)")):
                 if done.svg is not None:
                     write(done.name, done.svg)
                 else:
-                    notes.append(f"no {done.name}: {done.problem}" + (
-                        "; index.html shows the graph" if "index.html" in files else ""))
+                    missing.setdefault(done.problem, []).append(done.name)
+            # One note per cause: dot missing leaves out both files for one reason.
+            notes += [f"no {' or '.join(names)}: {problem}" + (
+                "; index.html shows the graph" if "index.html" in files else "")
+                for problem, names in missing.items()]
     finally:
         if render is not None:
             render.stop()
@@ -643,7 +647,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="example inputs: 2x3x64x64, int64:1x1024:0-512 (one spec per input; "
                         f"dtypes: {', '.join(NAMES)})")
     _dtype_option(p)
-    p.add_argument("--upsample", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--upsample", choices=("auto", "always", "never"), default="auto",
+                   help="rewrite nearest upsampling by an integer factor as an exact "
+                        "expand/reshape: auto (the default: where the device has no "
+                        "low-precision kernel for it), always, never")
     p.add_argument("--keep-fp32", action="append", default=[], metavar="SEL",
                    help="compute this in fp32: a module path, an op family or node:NAME "
                         "(repeat the flag for more)")
@@ -712,19 +719,26 @@ def _check_usage(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``amprewrite`` argument parser (docs/cli.md lists the same flags; a test checks)."""
-    parser = _Parser(prog="amprewrite", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="amprewrite", description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser("demo", help="transform the built-in demo model and print the report")
+
+    def command(name: str, summary: str, **kwargs) -> argparse.ArgumentParser:
+        # The one-line help in `amprewrite --help`, and the start of `amprewrite NAME --help`.
+        kwargs.setdefault("description", summary[0].upper() + summary[1:] + ".")
+        return sub.add_parser(name, help=summary, **kwargs)
+
+    demo = command("demo", "transform the built-in demo model and print the report")
     _dtype_option(demo)
     demo.add_argument("--upsample", choices=("auto", "always", "never"), default="always",
                       help="the demo shows the exact upsample rewrite by default; 'auto' "
                            "rewrites only where the device has no kernel")
     demo.add_argument("--out", help="also write the dump artefacts for the demo model here")
     demo.set_defaults(run=_demo)
-    dump = sub.add_parser("dump", help="write the graph before and after, diff, report, renders")
+    dump = command("dump", "write the graph before and after, diff, report, renders")
     _common(dump)
-    dump.add_argument("--out", default="amprewrite-out")
+    dump.add_argument("--out", default="amprewrite-out", metavar="DIR",
+                      help="the folder to write into, made if missing (default amprewrite-out)")
     dump.add_argument("--format", default=None,
                       help="comma list of text,dot,svg,html,model-explorer (default: all, svg "
                            f"only for graphs of up to {SVG_MAX_NODES} nodes)")
@@ -736,19 +750,22 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="S", help="seconds dot may take for both svg files together "
                                         f"(default {RENDER_TIMEOUT:g})")
     dump.set_defaults(run=_dump)
-    check = sub.add_parser("check", help="compare with fp32; find the first non-finite node")
+    check = command("check", "compare with fp32; find the first non-finite node")
     _common(check)
     check.add_argument("--rtol", type=_positive_float, default=1e-2,
                        help="largest relative output error that passes (default 1e-2)")
-    check.add_argument("--top", type=_positive_int, default=10,
-                       help="how many worst nodes to list")
+    check.add_argument("--top", type=_positive_int, default=10, metavar="N",
+                       help="how many worst nodes to list (default 10)")
     check.add_argument("--fix", action="store_true",
                        help="search for nodes to keep in fp32 so the check passes")
     check.set_defaults(run=_check)
-    explore = sub.add_parser("explore", help="open both graphs in Model Explorer (localhost)")
+    explore = command("explore", "open both graphs in Model Explorer (localhost)")
     _common(explore)
-    explore.add_argument("--host", default="localhost")
-    explore.add_argument("--port", type=_port, default=8080)
+    explore.add_argument("--host", default="localhost",
+                         help="the address Model Explorer listens on (default localhost: this "
+                              "machine only)")
+    explore.add_argument("--port", type=_port, default=8080,
+                         help="the port Model Explorer listens on (default 8080)")
     explore.add_argument("--no-browser", action="store_true",
                          help="print the address instead of opening a browser")
     explore.add_argument("--no-check", action="store_true",
@@ -756,7 +773,7 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--out", help="keep the JSON files here (default: a temporary folder, "
                                        "removed when the server stops)")
     explore.set_defaults(run=_explore)
-    exp = sub.add_parser("export", help="write a .pt2, AOTInductor or ONNX artefact and check "
+    exp = command("export", "write a .pt2, AOTInductor or ONNX artefact and check "
                                         "it against fp32, autocast and the GraphModule")
     _common(exp)
     exp.add_argument("--to", choices=("pt2", "aoti", "onnx"), default="pt2",
@@ -780,7 +797,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the file without loading it back and running it (needed for "
                           "a bf16 ONNX file: onnxruntime has no bf16 Conv/MatMul on the CPU)")
     exp.set_defaults(run=_export)
-    fams = sub.add_parser("families", help="print the op-family table (Markdown)")
+    fams = command("families", "print the op-family table (Markdown)",
+                          description="Print the op-family table as Markdown: each family, "
+                                      "its precision class and every spelling it matches "
+                                      "(docs/families.md is this output).")
     fams.set_defaults(run=_families)
     return parser
 

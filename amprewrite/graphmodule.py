@@ -96,7 +96,8 @@ class DynamoGraphModule(fx.GraphModule):
             raise ModeSwitchError(
                 f"this graph was captured by dynamo in {have} mode, which fixes BatchNorm and "
                 f"Dropout behaviour inside the graph, so it cannot switch to {want} mode. Call "
-                f"amprewrite.transform again on model.{want}() to get a {want}-mode graph, or "
+                f"amprewrite.transform again on model.{want}() to get "
+                f"{'an' if want == 'eval' else 'a'} {want}-mode graph, or "
                 "transform without example_inputs (symbolic tracing keeps the mode switchable)."
             )
         return super().train(mode)

@@ -128,6 +128,15 @@ def test_dynamo_graph_refuses_the_other_mode():
     assert not gm.training
 
 
+def test_mode_switch_error_says_an_eval_mode_graph():
+    """Issue 47, item 11: it said "a eval-mode graph"."""
+    model = Net().train()
+    gm = transform(model, example_inputs=(torch.randn(2, 3, 8, 8),), verify=False)
+    with pytest.raises(amprewrite.ModeSwitchError,
+                       match=r"transform again on model\.eval\(\) to get an eval-mode graph,"):
+        gm.eval()
+
+
 # --- torch.compile ----------------------------------------------------------------------------
 
 

@@ -357,3 +357,41 @@ def test_a_seq2seq_factory_with_keyword_inputs_checks(keyword_models, capsys):
     code, stdout, stderr = run_main(capsys, "check", f"{keyword_models}:t5")
     assert code == 0, stdout + stderr
     assert "check passed" in stdout
+
+
+def test_every_option_and_command_says_what_it_does_and_its_default():
+    """Issue 47, item 11: --upsample, dump's --out, --host, --port and families had no help,
+    --top did not show its default."""
+    import argparse
+
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert {c.dest for c in sub._choices_actions} == set(sub.choices)  # a line in --help each
+    for name, command in sub.choices.items():
+        assert command.description, name  # the start of `amprewrite NAME --help`
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            flag = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help, flag
+            if action.default not in (None, False, [], argparse.SUPPRESS):
+                assert "default" in action.help, flag
+
+
+def test_a_missing_dot_is_one_note_for_both_svg_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
+    code, out, _ = run_main(capsys, "dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out",
+                            tmp_path / "out")
+    assert code == 0, out
+    notes = [ln for ln in out.splitlines() if "Graphviz 'dot' is not installed" in ln]
+    assert len(notes) == 1 and notes[0].startswith("note: no before.svg or after.svg: "), out
+
+
+def test_benchmarks_help_keeps_its_table_of_commands(capsys):
+    from benchmarks.__main__ import main as benchmarks_main
+
+    with pytest.raises(SystemExit):
+        benchmarks_main(["--help"])
+    out = capsys.readouterr().out
+    assert "\n    python -m benchmarks all            # transform cost," in out
+    assert "\n    python -m benchmarks all --quick    # smaller sizes" in out

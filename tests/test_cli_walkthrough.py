@@ -178,7 +178,9 @@ def test_svg_dot_failure_shows_dot_stderr(capsys, tmp_path, monkeypatch):
     code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path / "out",
                            "--format", "dot,svg")
     assert code == 0
-    assert "no after.svg: dot failed (exit status 1): Error: syntax error in line 3" in out
+    # Both renders failed the same way: one note names both files (issue 47, item 11).
+    assert ("no before.svg or after.svg: dot failed (exit status 1): Error: syntax error in "
+            "line 3" in out)
     assert "not installed" not in out
 
 

@@ -124,6 +124,20 @@ def test_readme_demo_command_installs_no_extras():
         'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest')
 
 
+def test_readme_says_the_browser_tests_skip_without_chromium(monkeypatch):
+    """Issue 47, item 11: tests/browser.py skips them without a browser, and says how to
+    install one; the README says so, with the same command."""
+    from tests import browser
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "The browser tests" in readme and "skip unless Chromium is installed" in readme
+    monkeypatch.delenv("AMPREWRITE_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        browser._missing("no chromium executable")
+    assert "apt-get install chromium" in str(skipped.value)
+    assert "(`apt-get install chromium`;" in readme
+
+
 def test_demo_command_runs_and_reports(tmp_path):
     """The README's demo command, with only what `pip install -e .` installs importable."""
     script = tmp_path / "core_only.py"

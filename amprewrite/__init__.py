@@ -38,8 +38,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .generation import for_generation
     from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
     from .ops import FAMILIES, Family, Precision, override_families, register_family
+    from .plans import CompiledReport
     from .policy import Policy
     from .report import Decision, Report, Rewrite, report
+    from .scaler import GradScaler
     from .sharding import fully_shard
 
 # Public name -> the module that defines it.
@@ -51,6 +53,8 @@ _EXPORTS = {
                      "SignatureError", "VerificationError"), "errors"),
     "Float8": "float8",
     "for_generation": "generation",
+    "CompiledReport": "plans",
+    "GradScaler": "scaler",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
                     "numerics"),
     **dict.fromkeys(("FAMILIES", "Family", "Precision", "override_families",
@@ -65,9 +69,11 @@ __all__ = [
     "AmpRewriteError",
     "CaptureError",
     "CheckResult",
+    "CompiledReport",
     "Decision",
     "Family",
     "Float8",
+    "GradScaler",
     "ModeSwitchError",
     "ModelError",
     "NodeError",

@@ -66,7 +66,8 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
 
     def run(inputs: object) -> None:
         args, kwargs = split_inputs(inputs)
-        _RangeRecorder(gm, low, ranges).run(*signature.bind(*args, **kwargs).args)
+        bound = signature.bind(*args, **kwargs).args
+        _RangeRecorder(gm, low, ranges).run(*(_fp32(a) for a in bound))
 
     with replayed(gm) as replay:
         for k, inputs in enumerate(batches):
@@ -85,6 +86,15 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
                     "serves (dimension 0 may differ where the batch is dynamic)."
                 ) from exc
     return ranges
+
+
+def _fp32(value: object) -> object:
+    """A bf16/fp16 tensor as fp32 (exact), else ``value``: the graph is the fp32 model's, and
+    FSDP2 with a low ``param_dtype`` hands the backend's graph low weights next to fp32
+    activations, a mix only the plan's casts make valid."""
+    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
+        return value.float()
+    return value
 
 
 def _body(gm: fx.GraphModule, node: fx.Node) -> fx.GraphModule | None:

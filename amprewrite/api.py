@@ -15,7 +15,7 @@ from torch import fx, nn
 from . import meta as M
 from .capture import capture
 from .errors import ModelError, NotVerifiedWarning, PolicyError, VerificationError
-from .exported import export_again, is_exported_program, program_inputs
+from .exported import export_again, exported_mode, is_exported_program, program_inputs
 from .graphmodule import DynamoGraphModule, sources_die_with_code
 from .ops import FAMILIES
 from .passes import pipeline, run_pipeline
@@ -264,6 +264,11 @@ def _transform_program(ep: torch.export.ExportedProgram, policy: Policy, example
     verify = policy.verify and inputs.real
     gm = transform_with(inputs.module, dataclasses.replace(policy, verify=verify),
                         inputs.example_inputs, on_pass)
+    if exported_mode(ep.graph) is None:  # the module's mode says nothing: ep.module()'s default
+        notes = report(gm).notes
+        notes[:] = [("captured from an ExportedProgram with no mode-dependent op (dropout, "
+                     "batch norm): train and eval compute the same"
+                     if n.startswith("captured by ") else n) for n in notes]
     if policy.verify and not inputs.real:
         why = ("the ExportedProgram keeps no example inputs (ep.example_inputs is None), so it "
                "was captured and exported on zero-filled inputs of its example sizes and not "

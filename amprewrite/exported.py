@@ -13,6 +13,10 @@ with the dynamic dimensions of ``ep``, so the program it returns takes the sizes
   ``torch.export.Dim`` with that symbol's range from ``ep.range_constraints`` (``2 * s0`` a
   derived ``Dim``; a bound of torch's ``int_oo`` is no bound); the capture and the export again
   both use that spec;
+- **mode**: a program holds the mode it was exported in as its ops' flags (``aten.dropout``'s
+  ``train``, ``aten.batch_norm``'s ``training``); :func:`exported_mode` reads them, and the
+  module is transformed in that mode (in train mode, as ``ep.module()`` comes, where no op
+  says: train and eval then compute the same);
 - **transformers' programs** (``transformers.exporters.DynamoExporter``) return a cache, whose
   pytree functions dynamo cannot trace: :func:`amprewrite.capture.capture` captures such a
   module with non-strict export.
@@ -37,7 +41,8 @@ from torch.utils import _pytree as pytree
 from .capture import split_inputs
 from .report import POLICY_KEY, REPORT_KEY
 
-__all__ = ["ProgramInputs", "export_again", "is_exported_program", "program_inputs"]
+__all__ = ["ProgramInputs", "export_again", "exported_mode", "is_exported_program",
+           "program_inputs"]
 
 
 @dataclass
@@ -64,10 +69,45 @@ def is_exported_program(obj: object) -> bool:
     return isinstance(obj, torch.export.ExportedProgram)
 
 
+# Mode flags of ATen ops, by schema argument name; ops that are one mode by name.
+_MODE_ARGS = ("train", "training")
+_EVAL_OPS = ("_native_batch_norm_legit_no_training",)
+
+
+def exported_mode(graph: fx.Graph) -> bool | None:
+    """The mode an ATen graph was exported in, as its ops' flags say: True (train), False
+    (eval), None where no op says (no dropout or batch norm: both modes compute the same).
+
+    >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()).eval()
+    >>> exported_mode(torch.export.export(m, (torch.randn(1, 2),)).graph)
+    False
+    """
+    seen: set[bool] = set()
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        if schema.name.split("::")[-1] in _EVAL_OPS:
+            seen.add(False)
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.name in _MODE_ARGS:
+                value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+                if isinstance(value, bool):
+                    seen.add(value)
+    return True in seen if seen else None
+
+
 def program_inputs(ep: torch.export.ExportedProgram, example_inputs: object = None
                    ) -> ProgramInputs:
     """The module of ``ep``, the inputs to transform it on and its dynamic dimensions."""
     module = ep.module()
+    if exported_mode(ep.graph) is False:
+        # ep.module() comes in train mode whatever the program was exported in, and refuses
+        # eval() (its ops hold the mode): the flag alone, for the capture, verification and
+        # report.
+        for sub in module.modules():
+            sub.training = False
     # Its one pre-hook refuses a call that splits the inputs into positional and keyword ones
     # otherwise than the export did; transform passes them all by name (a dict), which the
     # module's own code flattens the same way. The transformed graph checks its inputs itself.

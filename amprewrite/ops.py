@@ -1023,9 +1023,10 @@ _TABLE: list[Family] = [
         writes=dict.fromkeys(["t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
                               "swapdims_", "swapaxes_", "resize_", "resize_as_", "set_",
                               "detach_"], Write.METADATA),
-        # t.T, t.mT, t.H, t.mH: torch 2.14's dynamo writes them as these ATen ops.
+        # t.T, t.mT, t.H, t.mH: torch 2.14's dynamo writes them as these ATen ops. A constant
+        # torch.tensor(...) in model code is exported as lift_fresh_copy(constant): a copy.
         op_names=("aten::alias", "aten::slice", "aten::resize_", "aten::numpy_T", "aten::mT",
-                  "aten::mH", "aten::matrix_H")),
+                  "aten::mH", "aten::matrix_H", "aten::lift_fresh_copy", "aten::lift_fresh")),
     _op("split", N, ["split", "chunk", "unbind", "tensor_split", "split_with_sizes",
                      "unsafe_split", "unsafe_chunk", "unsafe_split_with_sizes", "hsplit",
                      "vsplit", "dsplit", "meshgrid", "split_copy", "split_with_sizes_copy",

@@ -115,11 +115,30 @@ def test_export_capture_returns_the_cache_of_a_default_config_model():
     ids = torch.randint(0, 256, (2, 12))
     gm = amprewrite.transform(model, "bf16", example_inputs=(ids,), capture="export")
     assert amprewrite.report(gm).capture == "export"
+    assert not [n for n in amprewrite.report(gm).notes if n.startswith("unknown op")]
     with torch.no_grad():
         got, want = gm(ids), model(ids)
     assert type(got.cache) is tf.DynamicCache
     pairs = list(zip(pytree.tree_leaves(got.cache), pytree.tree_leaves(want.cache)))
     assert len(pairs) == 4 and all(rel_err(a, b) < 2e-2 for a, b in pairs)
+
+
+class _Constant(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.fc(x) * torch.tensor([2.0, 3.0])
+
+
+def test_a_constant_tensor_exported_as_lift_fresh_copy_is_a_copy_not_an_unknown_op():
+    gm = amprewrite.transform(_Constant().eval(), "bf16", example_inputs=(torch.randn(3, 2),),
+                              capture="export")
+    rep = amprewrite.report(gm)
+    (lift,) = [d for d in rep.decisions if d.node.startswith("lift_fresh_copy")]
+    assert (lift.family, lift.precision) == ("shape", "neutral")
+    assert not [n for n in rep.notes if n.startswith("unknown op")]
 
 
 def test_params_low_with_export_capture_stores_low_weights_and_frees_the_fp32_model():

@@ -187,6 +187,23 @@ def test_a_program_without_example_inputs_is_exported_but_not_verified():
     assert any(n.startswith("verify: output error") for n in amprewrite.report(checked).notes)
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_the_report_names_the_mode_the_program_was_exported_in(training):
+    x = torch.randn(4, 8)
+    mode = "train" if training else "eval"
+    for model in (nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)),
+                  nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))):
+        ep = torch.export.export(model.train(training), (x,))
+        notes = amprewrite.report(amprewrite.transform(ep, "bf16")).notes
+        assert f"captured by dynamo in {mode} mode; the mode is fixed in the graph" in notes
+    # No op that reads the mode: the program computes the same in both, and the note says so.
+    ep = torch.export.export(nn.Linear(8, 8).train(training), (x,))
+    (note,) = [n for n in amprewrite.report(amprewrite.transform(ep, "bf16")).notes
+               if n.startswith("captured")]
+    assert note == ("captured from an ExportedProgram with no mode-dependent op (dropout, "
+                    "batch norm): train and eval compute the same")
+
+
 def test_a_decomposed_program_keeps_every_matmul_low():
     """After ``run_decompositions()`` (core ATen: linear is addmm, SDPA is bmm-softmax-bmm) the
     program runs as many GEMMs low as the module path does."""

@@ -158,20 +158,14 @@ def _rescale(m: Match, params: frozenset[fx.Node],
     return Replacement(back, f"{node.name}: {weight_key} * 2^-{k}, result * 2^{k} in fp32", why)
 
 
-# Matmuls whose bias can be added apart: its own argument, one value per output feature
-# (channel, for a convolution: dimension 0 of an unbatched input, 1 of a batch).
-_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d,
-          torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution)
-_SPLIT = (*FAMILIES["linear"].functions, torch.addmm, *_CONVS)
-
-
 def _tiny_bias(node: fx.Node, args: dict | None, policy) -> fx.Node | None:
     """The bias parameter of the matmul ``node`` that alone would keep it out of fp16 (stored
     mostly subnormal, every other operand in range); None where there is none."""
     low = policy.dtype
     found = matmul_operands(node, args)
-    if found is None or M.info(node).dtype != torch.float32:
-        return None
+    if (found is None or M.info(node).dtype != torch.float32
+            or "conv_tbc" in str(getattr(node.target, "__name__", ""))):
+        return None  # conv_tbc's bias is not optional
     args, data_key, weight_key, bias_key = found
     bias = args.get(bias_key) if bias_key else None
     rb = _range(bias)
@@ -213,7 +207,9 @@ def _split_bias(m: Match) -> Replacement | None:
     if out is not None:  # the product alone: the recorded result less at most |b|
         node.meta[M.RANGE] = ValueRange(out.absmax + rb.absmax, out.tiny_share, out.batches)
     added, value = node, M.info(node)
-    if node.target in _CONVS:  # one bias value per channel: b.reshape(-1, 1, ..., 1)
+    # A convolution's bias has one value per channel (dimension 0 of an unbatched input, 1 of
+    # a batch): b.reshape(-1, 1, ..., 1).
+    if (fam := family_of(node)) is not None and fam.name in ("conv", "conv_transpose"):
         kernel = len(M.info(args[weight_key]).shape or ()) - 2
         shape = (M.info(bias).numel,) + (1,) * kernel
         with graph.inserting_after(added):
@@ -283,7 +279,7 @@ class RescaleMatmuls(Pass):
         if policy is None or not narrower_than_fp32(policy.dtype):
             return False  # bfloat16 (fp32's range: nothing to rescale)
         # First: a product without its tiny bias is one auto counts and rescale scales.
-        split = bool(apply_rules(gm, (Rule(_SPLIT, _split_bias),), policy))
+        split = bool(apply_rules(gm, (Rule(_TARGETS, _split_bias),), policy))
         if policy.overflow == "fp32":
             return split
         params = given_parameters(gm, self.example_inputs)

@@ -123,12 +123,17 @@ def _unfit_call(gm: fx.GraphModule, signature: inspect.Signature, args: tuple, k
         else:
             what = (f"{len(args)} positional inputs"
                     + (f" (the extra ones are the model's {', '.join(new)})" if new else ""))
-        example = ", ".join(f"'{n}': {n}" for n in (names or [*captured, *extra_kw]))
+        if names or extra_kw:
+            keys = ", ".join(f"'{n}': {n}" for n in (names or [*captured, *extra_kw]))
+            example = f"as a dict of keyword inputs: example_inputs={{{keys}}}"
+        else:  # positional inputs the model's forward does not name (or no model to ask)
+            example = (f"as a tuple of every positional input: example_inputs=("
+                       f"{', '.join(captured)}, ...)")
         return (f"{head}, and was called with {what}: {exc}. A graph captured by dynamo "
                 "takes the inputs it was captured with, each argument of forward it was not "
                 "captured with fixed to its default in the graph. To pass more, transform the "
-                "model with them in example_inputs, e.g. as a dict of keyword inputs: "
-                f"example_inputs={{{example}}}; then call the graph with the same inputs.")
+                f"model with them in example_inputs, e.g. {example}; then call the graph with "
+                "the same inputs.")
     return (f"{head}; this call does not give them as captured: {exc}. Pass every input it "
             f"was captured with ({shown}), by position or by name; to call it without one, "
             "transform the model with example_inputs that leave it out.")

@@ -275,3 +275,9 @@ def test_an_extra_positional_or_a_missing_input_is_a_signature_error_too():
                        match=r"captured with the inputs \(x, mask\).*missing a required "
                              r"argument: 'mask'. Pass every input it was captured with"):
         both(x)
+    # No model left to name the extra input (params="low" keeps only a weak reference to it).
+    low = amprewrite.transform(Masked(), torch.bfloat16, example_inputs=(x,), params="low",
+                               verify=False)
+    with pytest.raises(amprewrite.SignatureError,
+                       match=r"as a tuple of every positional input: example_inputs=\(x, \.\.\.\)"):
+        low(x, mask)

@@ -118,8 +118,10 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
     # the values' facts. Under dynamic shapes dynamo passes each symbolic size as a SymInt next
     # to the real tensors: its hint is this call's size, so the graph runs on this call.
     values = tuple(_hint(v) for v in example_inputs)
-    concrete = all((isinstance(v, (int, float, bool)) and not isinstance(v, torch.SymInt))
-                   or (isinstance(v, torch.Tensor) and not _fake(v)) for v in values)
+    # Real values to record ranges on: no fake tensor and no symbolic size among them (other
+    # objects, such as a DeviceMesh under tensor parallel, are passed through as they are).
+    concrete = not any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _fake(v))
+                       for v in values)
     compile_inner = _inner_backend(inner)
 
     def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None) -> fx.GraphModule:

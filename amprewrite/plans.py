@@ -396,9 +396,24 @@ _WRAPPERS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped
                        "module"})
 
 
+def _parameter_names(module: nn.Module) -> dict[int, str]:
+    """``id`` -> name of ``module``'s parameters, and of the unsharded parameters FSDP2 hands
+    its graphs in their place (a sharded module's ``parameters()`` are the shards)."""
+    names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+    for sub in module.modules():
+        state = getattr(sub, "_get_fsdp_state", None)
+        group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+        for fsdp_param in getattr(group, "fsdp_params", ()):  # torch's FSDP2 internals
+            name = names.get(id(getattr(fsdp_param, "sharded_param", None)))
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if name is not None and unsharded is not None:
+                names[id(unsharded)] = name
+    return names
+
+
 def plans_of(module: nn.Module) -> list[GraphPlan]:
     """The live plans whose graphs ran with ``module``'s parameters."""
-    ids = {id(p) for p in module.parameters()}
+    ids = _parameter_names(module)
     return [plan for plan in list(_PLANS)
             if any(r() is not None and id(r()) in ids
                    for refs in plan.blocks.values() for r in refs)]
@@ -409,7 +424,7 @@ def compiled_report(module: nn.Module) -> CompiledReport | None:
     found = plans_of(module)
     if not found:
         return None
-    names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+    names = _parameter_names(module)
     return CompiledReport([plan.graph_report(names) for plan in found])
 
 

@@ -51,8 +51,10 @@ class _RangeRecorder(fx.Interpreter):
         out = super().run_node(n)
         if (n.op != "get_attr" and isinstance(out, torch.Tensor) and out.is_floating_point()
                 and not out.is_meta):
+            # A DTensor (tensor parallel): this rank's shard; ranges are widened across ranks.
+            local = out.to_local() if hasattr(out, "to_local") else out
             self.ranges[n] = merge(self.ranges.get(n),
-                                   tensor_range(out, self.low, 1, sample=_SAMPLE))
+                                   tensor_range(local, self.low, 1, sample=_SAMPLE))
         return out
 
 

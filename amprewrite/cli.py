@@ -426,7 +426,8 @@ def _dump(args: argparse.Namespace) -> int:
     if "model-explorer/amprewrite_graphs.json" in files:
         graphs = files["model-explorer/amprewrite_graphs.json"]
         overlays = ",".join(str(p) for p in sorted(graphs.parent.glob("*.json")) if p != graphs)
-        again = shlex.join(["amprewrite", "explore", args.target, *target.flags]
+        again = shlex.join(["amprewrite", "explore", args.target, *target.flags,
+                            *_option_flags(args)]
                            + (["--dtype", args.dtype] if args.dtype != "bf16" else []))
         explorer = shlex.join(["model-explorer", str(graphs)]
                               + ([f"--node_data_paths={overlays}"] if overlays else []))
@@ -527,9 +528,10 @@ def _check(args: argparse.Namespace) -> int:
         reached = f" (last: error {last[1]}, finite {last[2]})" if last else ""
         print(f"check failed: --fix kept up to 16 nodes in fp32 without bringing the output "
               f"error under --rtol {args.rtol:g}{reached}; raise --rtol, or keep whole modules "
-              "in fp32 from Python: amprewrite.transform(model, keep_fp32=[<module path>])")
+              "in fp32: --keep-fp32 <module path>")
         return 1
-    print(f"keep_fp32={keep!r}")
+    print(f"--fix keeps in fp32: {cli_wording(f'keep_fp32={keep!r}')} (add to dump, export "
+          "or check)")
     _print_check(fixed, args.rtol, args.top)
     low = report(fixed_gm).counts().get("low", 0)
     if low == 0:
@@ -539,7 +541,7 @@ def _check(args: argparse.Namespace) -> int:
               f"{args.rtol:g}; raise --rtol (bf16 rounds at 3.9e-3, fp16 at 4.9e-4)")
         return 1
     if fixed.passed(args.rtol):
-        print(f"check passed with keep_fp32 ({_plural(len(keep), 'node')} in fp32, "
+        print(f"check passed with --keep-fp32 ({_plural(len(keep), 'node')} in fp32, "
               f"{_plural(low, 'op')} still in {dtype})")
         return 0
     print("check failed")
@@ -671,6 +673,27 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp8-any-size", action="store_true",
                    help="with --fp8: turn the cost model off, so that small layers are "
                         "checked and may run in float8 too (to try it on a CPU)")
+
+
+def _option_flags(args: argparse.Namespace) -> list[str]:
+    """The common options given on the command line, as flags again (to repeat in a
+    suggested command): ``--keep-fp32 fc --overflow fp32``."""
+    flags: list[str] = []
+    if getattr(args, "upsample", "auto") != "auto":
+        flags += ["--upsample", args.upsample]
+    for sel in getattr(args, "keep_fp32", ()) or ():
+        flags += ["--keep-fp32", sel]
+    for sel in getattr(args, "allow_low", ()) or ():
+        flags += ["--allow-low", sel]
+    if getattr(args, "calibration", None):
+        flags += ["--calibration", args.calibration]
+    if getattr(args, "overflow", "auto") != "auto":
+        flags += ["--overflow", args.overflow]
+    if getattr(args, "fp8", None) is not None:
+        flags += ["--fp8", args.fp8]
+    if getattr(args, "fp8_any_size", False):
+        flags.append("--fp8-any-size")
+    return flags
 
 
 def _selector_flags(args: argparse.Namespace) -> dict:

@@ -106,8 +106,11 @@ def test_check_names_the_first_non_finite_node_and_exits_1():
 def test_check_fix_finds_nodes_that_make_it_pass():
     done = run("check", f"{MODELS}:overflow", *OVERFLOWING, "--fix")
     assert done.returncode == 0, done.stdout
-    assert "keep_fp32=['node:linear']" in done.stdout
-    assert "check passed with keep_fp32" in done.stdout
+    # The flags to add, as dump and export print them (not transform's Python keywords).
+    assert "--fix keeps in fp32: --keep-fp32 node:linear (add to dump, export or check)" in (
+        done.stdout)
+    assert "keep_fp32=" not in done.stdout
+    assert "check passed with --keep-fp32" in done.stdout
 
 
 def test_find_fp32_nodes_result_makes_check_pass():

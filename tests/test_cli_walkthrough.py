@@ -238,6 +238,15 @@ def test_dump_suggests_an_explore_command_that_works(capsys, tmp_path):
     assert f"`amprewrite explore {MODELS}:mlp --inputs 4x16 --dtype fp16`" in out
 
 
+def test_dumps_explore_command_keeps_the_options_it_was_run_with(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out",
+                           tmp_path, "--format", "model-explorer", "--keep-fp32", "0",
+                           "--allow-low", "layer_norm", "--overflow", "fp32", "--dtype", "fp16")
+    assert code == 0
+    assert (f"`amprewrite explore {MODELS}:mlp --inputs 4x16 --keep-fp32 0 --allow-low "
+            "layer_norm --overflow fp32 --dtype fp16`") in out
+
+
 # 5. Ctrl-C: one line, status 130 -------------------------------------------------------------
 
 def test_ctrl_c_prints_one_line_and_exits_130():

@@ -333,3 +333,15 @@ def test_benchmark_tables_are_the_generated_ones():
                  for v in ("to_low", "amprewrite transform", "amprewrite backend")]
         lines.append(f"| {model} | {task} | {mode} | " + " | ".join(cells) + " |")
     assert "\n".join(lines) in text
+
+
+def test_the_guide_names_the_decision_fields_as_the_dataclass_does():
+    import dataclasses
+
+    from amprewrite.report import Decision
+
+    text = (ROOT / "docs" / "guide.md").read_text()
+    section = text[text.index("## The report"):text.index("## Errors")]
+    sentence = section[section.index("one `Decision` per node"):section.index("`rewrites`")]
+    named = set(re.findall(r"`(\w+)`", sentence)) - {"Decision"}
+    assert named == {f.name for f in dataclasses.fields(Decision)}

@@ -185,6 +185,25 @@ def test_cli_dump_of_a_default_config_model(tmp_path):
     assert len(returned[1].split(", ")) == 5  # the logits, keys and values of 2 layers
 
 
+def test_onnx_outputs_of_a_default_config_model_are_named_as_docs_cli_says(tmp_path):
+    """docs/cli.md quotes the ONNX output names of a model that returns a cache: those of the
+    GPT-2 with its default config here (transformers 5 names the cache ``cache``)."""
+    onnx = pytest.importorskip("onnx")
+    from pathlib import Path
+
+    import amprewrite.deploy as deploy
+
+    path = tmp_path / "gpt2.onnx"
+    result = deploy.export(_model("gpt2"), (_ids(2, 12),), path=path, to="onnx", dtype="fp16",
+                           check=False)
+    names = [o.name for o in onnx.load(path).graph.output]
+    assert names == ["logits", "cache.0.0", "cache.0.1", "cache.1.0", "cache.1.1"], result
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    quoted = re.search(r"outputs are named\s+as the model names them \((.*?);", doc, re.S)[1]
+    assert re.findall(r"`([^`]+)`", quoted) and set(re.findall(r"`([^`]+)`", quoted)) <= set(
+        names)
+
+
 # --- transformers' own exporter --------------------------------------------------------------
 
 def test_transformers_dynamo_exporter_program_transforms_with_its_dynamic_shapes():

@@ -94,7 +94,8 @@ class Float8:
             over bf16 on ``target``; 0 skips the cost model (every linear with K and N divisible
             by 16 is a candidate, then checked).
         bound: the largest float8 error accepted, in units of e4m3's ordinary error (16 times
-            the linear's error in bf16).
+            the linear's error in bf16): the default 2 accepts up to 32x the linear's bf16
+            error, the unit the report and the README give it in (``bound 32x``).
         target: the GPU of the cost model (a key of :data:`TARGETS`).
         include: selectors (as ``keep_fp32``'s: module paths, types, ``node:`` names) whose
             linears run in float8 without the cost model and the check.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 
 import pytest
@@ -90,6 +91,19 @@ def test_transformed_graph_equals_torchao_conversion_of_the_model(recipe):
     out_ref.square().sum().backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_the_readme_gives_the_float8_bound_in_the_reports_unit():
+    """One unit for the bound everywhere: multiples of the linear's bf16 error."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (said,) = re.findall(r"stays within\s+(\d+)x the same linear's bf16 error", readme)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+    gm = amprewrite.transform(model, "bf16", example_inputs=(torch.randn(4, 16, 64),), fp8=FAST)
+    verdicts = _verdicts(gm).values()
+    assert verdicts and all(f"x bf16's (bound {said}x)" in v for v in verdicts), verdicts
+    assert f"(bound {said}x)" in readme
 
 
 def test_a_layer_whose_float8_error_is_far_above_bf16s_stays_bf16():

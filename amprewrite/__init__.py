@@ -38,9 +38,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .generation import for_generation
     from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
     from .ops import FAMILIES, Family, Precision, override_families, register_family
-    from .plans import CompiledReport
     from .policy import Policy
-    from .report import Decision, Report, Rewrite, report
+    from .report import CompiledReport, Decision, Report, Rewrite, report
     from .scaler import GradScaler
     from .sharding import fully_shard
 
@@ -53,14 +52,13 @@ _EXPORTS = {
                      "SignatureError", "VerificationError"), "errors"),
     "Float8": "float8",
     "for_generation": "generation",
-    "CompiledReport": "plans",
     "GradScaler": "scaler",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
                     "numerics"),
     **dict.fromkeys(("FAMILIES", "Family", "Precision", "override_families",
                      "register_family"), "ops"),
     "Policy": "policy",
-    **dict.fromkeys(("Decision", "Report", "Rewrite", "report"), "report"),
+    **dict.fromkeys(("CompiledReport", "Decision", "Report", "Rewrite", "report"), "report"),
     "fully_shard": "sharding",
 }
 

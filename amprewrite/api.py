@@ -283,15 +283,17 @@ def _transform_program(ep: torch.export.ExportedProgram, policy: Policy, example
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",
                     example_inputs: object = None,
                     declared: dict[str, tuple[str, str]] | None = None,
-                    prior: dict | None = None, reduce=None) -> fx.GraphModule:
+                    prior: dict | None = None, reduce=None,
+                    fp8_prior: dict | None = None) -> fx.GraphModule:
     """Run the passes on an already captured graph (the torch.compile backend's entry): value
     ranges are recorded on ``example_inputs`` (the graph's own flat inputs); ``declared``,
-    ``prior`` and ``reduce`` as :func:`amprewrite.passes.pipeline` takes them."""
+    ``prior``, ``reduce`` and ``fp8_prior`` as :func:`amprewrite.passes.pipeline` takes them."""
     start = time.perf_counter()
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method)
     gm.meta[REPORT_KEY] = rep
     gm = run_pipeline(gm, pipeline(policy, example_inputs=example_inputs, declared=declared,
-                                   prior=prior, reduce=reduce), rep.timings)
+                                   prior=prior, reduce=reduce, fp8_prior=fp8_prior),
+                      rep.timings)
     rep.decisions = decisions_of(gm, policy)
     rep.timings["total"] = time.perf_counter() - start
     return gm

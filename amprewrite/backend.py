@@ -124,14 +124,17 @@ def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: In
                        for v in values)
     compile_inner = _inner_backend(inner)
 
-    def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None) -> fx.GraphModule:
+    def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None,
+             fp8_prior: dict | None) -> fx.GraphModule:
         return transform_graph(graph, policy, example_inputs=inputs if concrete else None,
-                               declared=declared, prior=prior, reduce=across_ranks)
+                               declared=declared, prior=prior, reduce=across_ranks,
+                               fp8_prior=fp8_prior)
 
     # Values decide the plan in fp16 (ranges) and with fp8 (each linear's float8 error): there
     # the plan is checked on every block that reuses the graph, and after an overflow.
     watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
-    return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch)
+    return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch,
+                     fp8=concrete and policy.fp8 is not None)
 
 
 def _hint(v: object) -> object:

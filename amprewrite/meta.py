@@ -81,6 +81,8 @@ POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transf
 # gm.meta: every recorded value's range by node name, what the plan was made from
 # (record_ranges; amprewrite.plans widens it with later blocks, ranks and steps)
 RANGES_KEY = "amprewrite_ranges"
+# gm.meta: each float8 candidate's (bf16 error, float8 error) by node name (float8_linears)
+FP8_ERRORS_KEY = "amprewrite_fp8_errors"
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
 # ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
 # data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").

@@ -24,23 +24,21 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import fx, nn
 
-from .meta import RANGES_KEY, REPORT_KEY
+from .meta import FLOAT8, FP8_ERRORS_KEY, RANGES_KEY, REPORT_KEY
 from .ranges import (
     TINY_SHARE,
     ValueRange,
     describe_limit,
+    narrower_than_fp32,
     range_limit,
     widest,
 )
-
-if TYPE_CHECKING:
-    from .report import Report
+from .report import COMPILED_LOOKUPS, CompiledReport, GraphReport, PlanEvent, Report
 
 __all__ = ["CompiledReport", "GraphPlan", "GraphReport", "PlanEvent", "across_ranks",
            "compiled_report", "copy_graph", "count_step", "distributed", "mark_overflow",
@@ -70,20 +68,22 @@ def distributed() -> bool:
             and torch.distributed.get_world_size() > 1)
 
 
-def across_ranks(ranges: dict[str, ValueRange]) -> dict[str, ValueRange]:
-    """``ranges`` widened over every rank (the largest magnitude and subnormal share of each
-    value; :func:`amprewrite.ranges.widest`), or as they are outside ``torch.distributed``.
+def across_ranks(values: dict[str, object],
+                combine: Callable[[object, object], object] = widest) -> dict[str, object]:
+    """``values`` by node name widened over every rank with ``combine(a_or_None, b)`` (ranges:
+    :func:`amprewrite.ranges.widest`, the largest magnitude and subnormal share of each
+    value; float8 errors: the worse pair), or as they are outside ``torch.distributed``.
 
     A collective: every rank calls it at the same point, as every rank compiles the same graph
     at the same call under SPMD training."""
     if not distributed():
-        return ranges
-    gathered: list[dict[str, ValueRange] | None] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, ranges)
-    out: dict[str, ValueRange] = {}
-    for rank_ranges in gathered:
-        for name, r in (rank_ranges or {}).items():
-            out[name] = widest(out.get(name), r)
+        return values
+    gathered: list[dict | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, values)
+    out: dict[str, object] = {}
+    for rank_values in gathered:
+        for name, v in (rank_values or {}).items():
+            out[name] = combine(out.get(name), v)
     return out
 
 
@@ -119,79 +119,6 @@ def outgrown(planned: Mapping[str, ValueRange], seen: Mapping[str, ValueRange],
             out.append(f"{name}: {r.tiny_share:.0%} of its nonzero values are subnormal in "
                        f"{low}")
     return out
-
-
-@dataclass(frozen=True)
-class PlanEvent:
-    """One time a graph was planned: the first call, a new block, a step after an overflow.
-
-    ``call``: how many calls of the graph came before it; ``step``: how many optimizer steps
-    did (:class:`amprewrite.GradScaler`'s ``update()`` calls; None without one);
-    ``block``: the parameters' module path (filled in by :func:`amprewrite.report`);
-    ``reason``: why; ``replanned``: whether the plan changed (a recompile)."""
-
-    call: int
-    step: int | None
-    reason: str
-    replanned: bool
-    block: str = ""
-
-
-@dataclass
-class GraphReport:
-    """What the backend decided for one graph: its first plan (:class:`~amprewrite.Report`;
-    ``plans``: every plan, ``plan_of``: which plan each block runs), the blocks it holds for
-    (module paths in the module asked about, ``""`` for that module itself; ``other_blocks``:
-    how many more, outside it), the ranks, how many calls it served, and its events."""
-
-    report: Report
-    blocks: list[str]
-    ranks: int
-    calls: int
-    events: list[PlanEvent]
-    other_blocks: int = 0  # blocks of other modules that share the graph
-    plans: list[Report] = field(default_factory=list)  # every plan; report is plans[0]
-    plan_of: dict[str, int] = field(default_factory=dict)  # block -> its plan's index
-
-
-    def __str__(self) -> str:
-        shown = [b or "(the module)" for b in self.blocks]
-        if self.other_blocks:
-            shown.append(f"{self.other_blocks} outside this module")
-        head = (f"graph planned from {len(self.blocks) + self.other_blocks} block(s) "
-                f"[{', '.join(shown)}], "
-                f"{self.ranks} rank(s), {self.calls} call(s); "
-                f"{len(self.plans) or 1} plan(s), {sum(e.replanned for e in self.events) - 1} "
-                "re-plan(s)")
-        events = [f"  call {e.call}{f' (step {e.step})' if e.step is not None else ''}"
-                  f"{f' {e.block}' if e.block else ''}: "
-                  f"{'planned' if e.replanned else 'checked'}: {e.reason}" for e in self.events]
-        which = []
-        for k in range(len(self.plans)):
-            served = [b or "(the module)" for b, i in self.plan_of.items() if i == k]
-            which.append(f"  plan {k}: {', '.join(served)}")
-        bodies = [str(self.report)] + [f"plan {k}:\n{r}" for k, r in enumerate(self.plans)
-                                       if k > 0]
-        return "\n".join([head, *events, *(which if len(self.plans) > 1 else []), *bodies])
-
-
-@dataclass
-class CompiledReport:
-    """:func:`amprewrite.report` of a module compiled with the backend (or of a model whose
-    blocks were compiled one by one): one :class:`GraphReport` per graph dynamo compiled.
-
-    ``report.graphs[0].report.decisions`` are that graph's decisions as
-    :func:`amprewrite.transform`'s report gives them."""
-
-    graphs: list[GraphReport] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        return "\n\n".join(f"[{k}] {g}" for k, g in enumerate(self.graphs))
-
-    @property
-    def replans(self) -> list[PlanEvent]:
-        """Every event that changed a plan after the first, over all graphs."""
-        return [e for g in self.graphs for e in g.events[1:] if e.replanned]
 
 
 # Every live plan, for mark_overflow and report(model).
@@ -236,8 +163,8 @@ class GraphPlan:
     """The callable the backend gives dynamo for one captured graph: the planned graph compiled
     by the inner backend, and what it takes to plan again (DESIGN.md, "One plan at scale").
 
-    ``plan(gm, values, prior) -> gm`` transforms a copy of the captured graph on a call's
-    values with ranges by node name the plan must also hold for (``prior``);
+    ``plan(gm, values, prior, fp8_prior) -> gm`` transforms a copy of the captured graph on a
+    call's values with ranges and float8 errors by node name the plan must also hold for;
     ``compile(gm, example_inputs)`` is the inner backend (``example_inputs`` as dynamo gave
     them, symbolic sizes included; ``values``: the same with each size's value on that call).
 
@@ -251,7 +178,8 @@ class GraphPlan:
 
     def __init__(self, captured: fx.GraphModule, example_inputs: Sequence[object],
                  values: Sequence[object], low: torch.dtype, plan: Callable[..., fx.GraphModule],
-                 compile: Callable[[fx.GraphModule, list], Callable], watch: bool):
+                 compile: Callable[[fx.GraphModule, list], Callable], watch: bool,
+                 fp8: bool = False):
         self.fp32 = copy_graph(captured)
         self.low, self._plan, self._compile = low, plan, compile
         self.params = [i for i, v in enumerate(example_inputs) if isinstance(v, nn.Parameter)]
@@ -261,6 +189,8 @@ class GraphPlan:
         self.example_inputs = list(example_inputs)  # what the inner backend compiles on
         self.context = _tracing_context()
         self.watch = watch
+        self.fp8 = fp8  # float8 verdicts are checked on every block too
+        self.ranged = narrower_than_fp32(low)  # ranges decide the plan (fp16)
         self.calls = 0
         self.events: list[PlanEvent] = []
         self._event_keys: list[tuple[int, ...]] = []
@@ -270,7 +200,9 @@ class GraphPlan:
         self.seen: set[tuple[int, ...]] = set()
         self.stale: str | None = None
         self.ranks = torch.distributed.get_world_size() if distributed() else 1
-        gm = plan(captured, tuple(values), None)
+        self.fp8_errors: dict[str, tuple[float, float]] = {}
+        gm = plan(captured, tuple(values), None, None)
+        self.fp8_errors = dict(gm.meta.get(FP8_ERRORS_KEY, {}))
         first = _Plan(gm, compile(gm, self.example_inputs), dict(gm.meta.get(RANGES_KEY, {})))
         self.plans = [first]
         key = self._key(example_inputs)
@@ -312,12 +244,21 @@ class GraphPlan:
         return self.assigned[key].fn(*args)
 
     def _observe(self, key: tuple[int, ...], args: Sequence[object]) -> None:
-        """Record this call's ranges; run it on a plan they fit in, or plan for them."""
-        from .passes.record_ranges import by_name, record_ranges
-
+        """Record this call's ranges (fp16) and float8 errors (fp8); run it on a plan they fit
+        in, or plan for them."""
         why = ("new parameters (another block)" if key not in self.blocks
                else self.stale or "recorded again")
         self._saw(key, args)
+        if self.ranged:
+            self._fit_ranges(key, args, why)
+        else:
+            self.assigned.setdefault(key, self.plans[0])
+        if self.fp8:
+            self._check_fp8(key, args, why)
+
+    def _fit_ranges(self, key: tuple[int, ...], args: Sequence[object], why: str) -> None:
+        from .passes.record_ranges import by_name, record_ranges
+
         with torch.no_grad():
             seen = across_ranks(by_name(record_ranges(self.fp32, [tuple(args)], self.low),
                                         self.fp32))
@@ -351,8 +292,31 @@ class GraphPlan:
             self._event(key, f"{why}: {shown}; plan {len(self.plans) - 1} widened for it", True)
         self.assigned[key] = plan
 
+    def _check_fp8(self, key: tuple[int, ...], args: Sequence[object], why: str) -> None:
+        """Measure this block's float8 errors (a plan made on its call, with every earlier
+        block's errors); where the worse errors turn a float8 linear to bf16, every plan is
+        made again with them."""
+        plan = self.assigned[key]
+        trial = self._plan(copy_graph(self.fp32), tuple(args), plan.ranges or None,
+                           self.fp8_errors)
+        self.fp8_errors = dict(trial.meta.get(FP8_ERRORS_KEY, self.fp8_errors))
+        before, after = _float8_nodes(plan.gm), _float8_nodes(trial)
+        if before == after:
+            self._event(key, f"{why}: float8 verdicts hold", False)
+            return
+        turned = sorted(before - after)
+        for other in self.plans:
+            made = trial if other is plan else self._make(args, other.ranges)
+            if made is trial:
+                with _tracing(self.context):
+                    made = _Plan(trial, self._compile(trial, self.example_inputs),
+                                 dict(trial.meta.get(RANGES_KEY, other.ranges)))
+            other.gm, other.fn, other.ranges = made.gm, made.fn, made.ranges
+        self._event(key, f"{why}: float8 error on this call turns {', '.join(turned)} to bf16 "
+                         "in every plan", True)
+
     def _make(self, args: Sequence[object], ranges: dict[str, ValueRange]) -> _Plan:
-        gm = self._plan(copy_graph(self.fp32), tuple(args), ranges)
+        gm = self._plan(copy_graph(self.fp32), tuple(args), ranges or None, self.fp8_errors)
         with _tracing(self.context):
             fn = self._compile(gm, self.example_inputs)
         return _Plan(gm, fn, dict(gm.meta.get(RANGES_KEY, ranges)))
@@ -373,6 +337,12 @@ class GraphPlan:
         return GraphReport(self.report, inside, self.ranks, self.calls, events,
                            len(paths) - len(inside),
                            [p.gm.meta[REPORT_KEY] for p in self.plans], which)
+
+
+def _float8_nodes(gm: fx.GraphModule) -> frozenset[str]:
+    """The nodes of a planned graph that run in float8."""
+    return frozenset(n.name for n in gm.graph.nodes
+                     if str(n.meta.get(FLOAT8, "")).startswith("fp8"))
 
 
 def _block_path(names: list[str]) -> str:
@@ -426,6 +396,9 @@ def compiled_report(module: nn.Module) -> CompiledReport | None:
         return None
     names = _parameter_names(module)
     return CompiledReport([plan.graph_report(names) for plan in found])
+
+
+COMPILED_LOOKUPS.append(compiled_report)
 
 
 def _tracing_context() -> object:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import fx
@@ -13,11 +12,8 @@ from . import runtime
 from .meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
 from .ranges import ValueRange
 
-if TYPE_CHECKING:
-    from .plans import CompiledReport
-
-__all__ = ["POLICY_KEY", "REPORT_KEY", "Decision", "Report", "Rewrite", "record", "report",
-           "text_table"]
+__all__ = ["POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport", "PlanEvent",
+           "Report", "Rewrite", "record", "report", "text_table"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +145,85 @@ def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
                                     node.meta.get(M.MODULE_PATH, "")))
 
 
+# --- what the torch.compile backend decided (amprewrite.plans) ---
+@dataclass(frozen=True)
+class PlanEvent:
+    """One time a graph was planned: the first call, a new block, a step after an overflow.
+
+    ``call``: how many calls of the graph came before it; ``step``: how many optimizer steps
+    did (:class:`amprewrite.GradScaler`'s ``update()`` calls; None without one);
+    ``block``: the parameters' module path (filled in by :func:`amprewrite.report`);
+    ``reason``: why; ``replanned``: whether the plan changed (a recompile)."""
+
+    call: int
+    step: int | None
+    reason: str
+    replanned: bool
+    block: str = ""
+
+
+@dataclass
+class GraphReport:
+    """What the backend decided for one graph: its first plan (:class:`~amprewrite.Report`;
+    ``plans``: every plan, ``plan_of``: which plan each block runs), the blocks it holds for
+    (module paths in the module asked about, ``""`` for that module itself; ``other_blocks``:
+    how many more, outside it), the ranks, how many calls it served, and its events."""
+
+    report: Report
+    blocks: list[str]
+    ranks: int
+    calls: int
+    events: list[PlanEvent]
+    other_blocks: int = 0  # blocks of other modules that share the graph
+    plans: list[Report] = field(default_factory=list)  # every plan; report is plans[0]
+    plan_of: dict[str, int] = field(default_factory=dict)  # block -> its plan's index
+
+
+    def __str__(self) -> str:
+        shown = [b or "(the module)" for b in self.blocks]
+        if self.other_blocks:
+            shown.append(f"{self.other_blocks} outside this module")
+        head = (f"graph planned from {len(self.blocks) + self.other_blocks} block(s) "
+                f"[{', '.join(shown)}], "
+                f"{self.ranks} rank(s), {self.calls} call(s); "
+                f"{len(self.plans) or 1} plan(s), {sum(e.replanned for e in self.events) - 1} "
+                "re-plan(s)")
+        events = [f"  call {e.call}{f' (step {e.step})' if e.step is not None else ''}"
+                  f"{f' {e.block}' if e.block else ''}: "
+                  f"{'planned' if e.replanned else 'checked'}: {e.reason}" for e in self.events]
+        which = []
+        for k in range(len(self.plans)):
+            served = [b or "(the module)" for b, i in self.plan_of.items() if i == k]
+            which.append(f"  plan {k}: {', '.join(served)}")
+        bodies = [str(self.report)] + [f"plan {k}:\n{r}" for k, r in enumerate(self.plans)
+                                       if k > 0]
+        return "\n".join([head, *events, *(which if len(self.plans) > 1 else []), *bodies])
+
+
+@dataclass
+class CompiledReport:
+    """:func:`amprewrite.report` of a module compiled with the backend (or of a model whose
+    blocks were compiled one by one): one :class:`GraphReport` per graph dynamo compiled.
+
+    ``report.graphs[0].report.decisions`` are that graph's decisions as
+    :func:`amprewrite.transform`'s report gives them."""
+
+    graphs: list[GraphReport] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return "\n\n".join(f"[{k}] {g}" for k, g in enumerate(self.graphs))
+
+    @property
+    def replans(self) -> list[PlanEvent]:
+        """Every event that changed a plan after the first, over all graphs."""
+        return [e for g in self.graphs for e in g.events[1:] if e.replanned]
+
+
+# Functions that find the report of a module compiled with the backend (amprewrite.plans
+# registers its compiled_report on import: without a plan there is nothing to find).
+COMPILED_LOOKUPS: list = []
+
+
 def report(gm: fx.GraphModule | torch.export.ExportedProgram | torch.nn.Module
            ) -> Report | CompiledReport:
     """The :class:`Report` of a GraphModule (or ExportedProgram) returned by
@@ -169,9 +244,10 @@ def report(gm: fx.GraphModule | torch.export.ExportedProgram | torch.nn.Module
         gm = gm.graph_module  # where transform(ep) keeps it; not saved by torch.export.save
     rep = getattr(gm, "meta", {}).get(REPORT_KEY)
     if rep is None and isinstance(gm, torch.nn.Module):
-        from .plans import compiled_report
-
-        rep = compiled_report(gm)
+        for lookup in COMPILED_LOOKUPS:  # amprewrite.plans, once a plan was made
+            rep = lookup(gm)
+            if rep is not None:
+                break
     if rep is None:
         from .errors import PolicyError
 

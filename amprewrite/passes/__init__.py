@@ -92,14 +92,17 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
              example_inputs: object = None,
              declared: dict[str, tuple[str, str]] | None = None,
              prior: Mapping[str, ValueRange] | None = None,
-             reduce: Callable[[dict], dict] | None = None) -> list[Pass]:
+             reduce: Callable[..., dict] | None = None,
+             fp8_prior: Mapping[str, tuple[float, float]] | None = None) -> list[Pass]:
     """The passes of a transform, in the order they run, bound to ``policy``; ``model`` and
     ``example_inputs`` are what ranges are recorded on and the last step verifies the graph
     against (none: no check), and ``model`` what declares parameters fp32 (``declared``: the
     graph's own names of declared parameters, by get_attr or placeholder target, each with
     (attribute, parameter name), where the graph does not name them as the model does).
     ``prior`` and ``reduce``: ranges by node name the plan must also hold for, and how ranges
-    are widened across ranks (:class:`~amprewrite.passes.record_ranges.RecordRanges`)."""
+    (and float8 errors) are widened across ranks
+    (:class:`~amprewrite.passes.record_ranges.RecordRanges`); ``fp8_prior``: float8 errors by
+    node name it must also hold for (:class:`~amprewrite.passes.float8_linears.Float8Linears`)."""
     if declared is None and model is not None:
         declared = {name: (attr, name)
                     for name, attr in declared_fp32(model, policy.dtype).items()}
@@ -111,6 +114,8 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
             p.example_inputs = example_inputs
             if isinstance(p, RecordRanges):
                 p.prior, p.reduce = prior, reduce
+            elif isinstance(p, Float8Linears):
+                p.prior, p.reduce = dict(fp8_prior or {}), reduce
         elif isinstance(p, PaintPrecision):
             p.declared = declared
         elif isinstance(p, VerifyOutput):

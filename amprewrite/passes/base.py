@@ -47,8 +47,13 @@ from ..ops import FAMILIES, Precision, family_of
 from ..policy import Policy
 from ..report import record
 
-__all__ = ["Builder", "Kind", "Match", "Pass", "Replacement", "Rule", "RulePass", "apply_rules",
-           "arguments", "new_node"]
+__all__ = ["LOW_FLOPS", "Builder", "Kind", "Match", "Pass", "Replacement", "Rule", "RulePass",
+           "apply_rules", "arguments", "new_node"]
+
+LOW_FLOPS = 0.5
+"""The share of the matmul FLOPs a plan keeps low before its values cost it more:
+rescale_matmuls' goal with ``overflow="auto"``, and where paint_precision's report says the
+ranges took most of the FLOPs out of the low dtype."""
 
 # Keys capture writes on every node: available to the first pass.
 CAPTURED = (M.MODULE_PATH, M.MODULE_TYPES)

@@ -37,7 +37,19 @@ from ..verify import rel_err, replayed
 from .base import Kind, Pass, arguments, given_parameters, matmul_operands
 from .paint_precision import matches
 
-__all__ = ["Float8Linears", "errors"]
+__all__ = ["Float8Linears", "errors", "worse"]
+
+
+def worse(a: tuple[float, float] | None, b: tuple[float, float]) -> tuple[float, float]:
+    """Of two (bf16 error, float8 error) pairs of one linear (on two blocks, ranks or
+    batches), the one whose float8 error is the larger multiple of its bf16 error.
+
+    >>> worse((1e-3, 2e-3), (1e-3, 9e-3))
+    (0.001, 0.009)
+    """
+    if a is None:
+        return b
+    return max(a, b, key=lambda e: f8.accepted(e[0], e[1], 1.0)[1])
 
 
 def _source(value: object) -> object:
@@ -116,6 +128,11 @@ class Float8Linears(Pass):
     requires = (M.CLASS, M.FAMILY, M.CAST)
     writes = (M.ORIG, M.FLOAT8, M.CLASS, M.FAMILY, M.REASON, M.LABEL, M.NATURAL)
     example_inputs: object = None  # set by passes.pipeline(...)
+    # Set by passes.pipeline(...): (bf16 error, float8 error) by node name measured on other
+    # blocks the plan must also hold for, and a function that widens them across ranks
+    # (amprewrite.plans.across_ranks), or None. The worse pair of each linear decides.
+    prior: dict[str, tuple[float, float]] | None = None
+    reduce: object = None
 
     @property
     def needs_code(self) -> bool:
@@ -130,6 +147,7 @@ class Float8Linears(Pass):
         checked = [c for c in candidates if verdicts[c.node] is None]
         if checked and self.example_inputs is not None:
             self._measure(gm, {c.node: c for c in checked}, spec.recipe)
+            self._widen(gm, checked)
         changed = False
         f8.configs(spec.recipe)  # made here, outside any torch.compile (see float8._CONFIGS)
         for c in candidates:
@@ -192,6 +210,19 @@ class Float8Linears(Pass):
         with replayed(gm) as replay, torch.no_grad():
             replay(lambda _: _ErrorRecorder(gm, found, recipe, self.policy.dtype).run(*bound),
                    self.example_inputs)
+
+    def _widen(self, gm: fx.GraphModule, checked: list[_Candidate]) -> None:
+        """Each candidate's errors widened with the prior ones and across ranks; kept by name
+        in ``gm.meta[FP8_ERRORS_KEY]`` for the next plan of the same graph."""
+        named = {c.node.name: c.errors for c in checked if c.errors is not None}
+        for name, pair in (self.prior or {}).items():
+            named[name] = worse(named.get(name), pair)
+        if self.reduce is not None:
+            named = self.reduce(named, worse)
+        for c in checked:
+            if c.node.name in named and c.failed is None:
+                c.errors = named[c.node.name]
+        gm.meta[M.FP8_ERRORS_KEY] = named
 
     @staticmethod
     def _judge(c: _Candidate, spec: f8.Float8) -> str:

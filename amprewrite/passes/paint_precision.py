@@ -57,7 +57,7 @@ from ..ops import (
 from ..policy import Selector
 from ..ranges import TINY_SHARE, describe_limit, narrower_than_fp32, range_limit, short_name
 from ..report import REPORT_KEY
-from .base import Kind, Pass, matmul_flops
+from .base import LOW_FLOPS, Kind, Pass, matmul_flops
 
 __all__ = ["PaintPrecision", "matches"]
 
@@ -355,8 +355,6 @@ class PaintPrecision(Pass):
         """Say so where the ranges keep more than half of the matmul FLOPs out of the low dtype
         (rescale_matmuls' goal, :data:`~amprewrite.passes.rescale_matmuls.LOW_FLOPS`): a
         plan that runs mostly fp32 for its values should not look like a low-precision one."""
-        from .rescale_matmuls import LOW_FLOPS  # it imports this module
-
         taken = [n for n, (before, _) in self._taken.items()
                  if before == _P_LOW and n.meta.get(M.CLASS) == _P_FP32
                  and str(n.meta.get(M.REASON)).startswith("range:")]

@@ -56,6 +56,7 @@ from .. import meta as M
 from ..ops import FAMILIES, Precision, family_of
 from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
 from .base import (
+    LOW_FLOPS,
     Kind,
     Match,
     Pass,
@@ -72,10 +73,9 @@ from .paint_precision import matches, range_reason
 
 __all__ = ["LOW_FLOPS", "RescaleMatmuls"]
 
-LOW_FLOPS = 0.5
-"""``overflow="auto"``: the share of matmul FLOPs that should stay in fp16. fp16 is chosen for
-its speed, and the matmuls are where it is; below half, the plan rescales rather than give up
-more of them."""
+# LOW_FLOPS (passes.base), for overflow="auto": the share of matmul FLOPs that should stay in
+# fp16. fp16 is chosen for its speed, and the matmuls are where it is; below half, the plan
+# rescales rather than give up more of them.
 
 
 def _range(value: object) -> ValueRange | None:

@@ -19,6 +19,8 @@ models with their example inputs no value a LOW op reads or writes passes it
 >>> r = tensor_range(torch.tensor([1e-6, 2e-6, 1.0, 0.0]), torch.float16)
 >>> r.absmax, round(r.tiny_share, 3)
 (1.0, 0.667)
+>>> tensor_range(torch.zeros(3), torch.float16).absmax  # printed as 0 in reports, not -0
+0.0
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def tensor_range(t: torch.Tensor, low: torch.dtype, batches: int = 0,
         if flat.numel() == 0:
             return ValueRange(0.0, 0.0, batches)
         lo, hi = torch.aminmax(flat)
-        absmax = max(-float(lo), float(hi))
+        absmax = max(float(hi), -float(lo))  # hi first: +0.0, never -0.0, for all zeros
         if not absmax < _SENTINEL:  # inf, NaN or a sentinel among the values: leave them out
             # Over the finite values: an inf or NaN the fp32 model itself makes (a -inf mask)
             # is the same in any dtype, and says nothing about the other values' range. So is

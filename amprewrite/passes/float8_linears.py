@@ -83,6 +83,16 @@ def errors(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             rel_err(f8.linear(x, weight, b, recipe), ref))
 
 
+def _local_shapes(gm: fx.GraphModule, example_inputs: object) -> dict[fx.Node, tuple]:
+    """The shape of each placeholder handed a DTensor (tensor parallel) on this rank: the
+    matmul this rank runs is its shard's, which the cost model and the divisible-by-16 rule
+    must read."""
+    given = example_inputs if isinstance(example_inputs, (tuple, list)) else ()
+    holders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {n: tuple(v.to_local().shape) for n, v in zip(holders, given)
+            if isinstance(v, torch.Tensor) and hasattr(v, "to_local")}
+
+
 class _Candidate:
     def __init__(self, node: fx.Node, x: fx.Node, w: fx.Node, b: object, m: int, k: int, n: int):
         self.node, self.x, self.w, self.b = node, x, w, b
@@ -162,6 +172,7 @@ class Float8Linears(Pass):
         training = gm.training
         out, verdicts = [], {}
         params = given_parameters(gm, self.example_inputs)
+        local = _local_shapes(gm, self.example_inputs)
         for node in list(gm.graph.nodes):
             if node.meta.get(M.CLASS) != Precision.LOW:
                 continue
@@ -177,8 +188,10 @@ class Float8Linears(Pass):
             if not (xi.shape and wi.shape and len(wi.shape) == 2 and None not in wi.shape
                     and xi.numel):
                 continue
-            n, k = reversed(wi.shape) if transposed else wi.shape
-            c = _Candidate(node, x, w, b, xi.numel // max(k, 1), k, n)
+            shape = local.get(w, wi.shape)  # under tensor parallel: this rank's shard
+            n, k = reversed(shape) if transposed else shape
+            c = _Candidate(node, x, w, b, xi.numel // max(wi.shape[0 if transposed else 1], 1),
+                           k, n)
             c.transposed = transposed
             out.append(c)
             size = f"{k}x{n} on {c.m} rows"

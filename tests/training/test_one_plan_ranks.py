@@ -88,3 +88,47 @@ def test_every_rank_compiles_the_same_graph_and_stays_finite(tmp_path, world):
     for r, run in enumerate(runs):
         bad = [k for k, v in enumerate(run["losses"]) if not torch.isfinite(torch.tensor(v))]
         assert bad == ([6] if r == HOT_RANK else []), (r, bad)
+
+
+def _tp_fp8_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        import amprewrite
+
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        torch.manual_seed(0)
+        # 272 = 16 * 17: divisible by 16 as a whole, 136 per rank is not.
+        model = torch.nn.Sequential(torch.nn.Linear(64, 272), torch.nn.ReLU(),
+                                    torch.nn.Linear(272, 64))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        compiled = torch.compile(model, backend="amprewrite", options={
+            "dtype": "bf16", "fp8": amprewrite.Float8(min_speedup=0), "inner": "eager"})
+        out = compiled(torch.randn(8, 64, generator=torch.Generator().manual_seed(1)))
+        verdicts = [d.fp8 for g in amprewrite.report(compiled).graphs
+                    for d in g.report.decisions if d.fp8]
+        torch.save({"verdicts": verdicts, "finite": bool(torch.isfinite(out).all())},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_under_tensor_parallel_float8_reads_each_ranks_local_shapes(tmp_path):
+    pytest.importorskip("torchao")
+    mp.spawn(_tp_fp8_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
+             join=True)
+    for r in range(2):
+        run = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+        assert run["finite"]
+        assert len(run["verdicts"]) == 2, run["verdicts"]
+        # Column-parallel: 64 -> 136 per rank; row-parallel: 136 -> 64 per rank.
+        assert all("divisible by 16" in v for v in run["verdicts"]), run["verdicts"]
+        assert any("64x136" in v for v in run["verdicts"]) and any(
+            "136x64" in v for v in run["verdicts"]), run["verdicts"]

@@ -435,6 +435,45 @@ def _dump(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- compiled -------------------------------------------------------------------------------
+
+def _compiled(args: argparse.Namespace) -> int:
+    import operator
+
+    import torch
+
+    from .backend import backend
+    from .capture import split_inputs
+    from .report import report
+    from .target import UsageError
+
+    if args.calibration:
+        raise UsageError("--calibration is transform's: the backend plans from the calls it "
+                         "sees (each block's first call); leave it out here.")
+    target = _load(args, need_inputs=True)
+    options = {k: v for k, v in _selector_flags(args).items() if k != "calibration"}
+    compile_with = backend(inner="eager", dtype=args.dtype, upsample=args.upsample, **options)
+    model = target.model
+    if args.per_block:
+        try:
+            blocks = operator.attrgetter(args.per_block)(model)
+        except AttributeError:
+            blocks = None
+        if not isinstance(blocks, (torch.nn.ModuleList, torch.nn.Sequential)):
+            raise UsageError(f"--per-block {args.per_block}: the model has no ModuleList or "
+                             "Sequential there; name the attribute that holds the blocks "
+                             "(model.layers, transformer.h).")
+        for k, block in enumerate(blocks):
+            blocks[k] = torch.compile(block, backend=compile_with)
+    else:
+        model = torch.compile(model, backend=compile_with)
+    pos, kw = split_inputs(target.inputs)
+    with torch.no_grad():
+        _attempt("running the compiled model", lambda: model(*pos, **kw), target)
+    print(report(model))
+    return 0
+
+
 # --- explore --------------------------------------------------------------------------------
 
 def _explore(args: argparse.Namespace) -> int:
@@ -773,6 +812,13 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="S", help="seconds dot may take for both svg files together "
                                         f"(default {RENDER_TIMEOUT:g})")
     dump.set_defaults(run=_dump)
+    comp = command("compiled", "compile with backend='amprewrite' (each block, or the whole "
+                               "model), call it once, print what the backend planned")
+    _common(comp)
+    comp.add_argument("--per-block", metavar="ATTR",
+                      help="compile each module of this ModuleList/Sequential on its own, as "
+                           "torchtitan does (model.layers); default: the whole model")
+    comp.set_defaults(run=_compiled)
     check = command("check", "compare with fp32; find the first non-finite node")
     _common(check)
     check.add_argument("--rtol", type=_positive_float, default=1e-2,

@@ -398,3 +398,30 @@ def test_benchmarks_help_keeps_its_table_of_commands(capsys):
     out = capsys.readouterr().out
     assert "\n    python -m benchmarks all            # transform cost," in out
     assert "\n    python -m benchmarks all --quick    # smaller sizes" in out
+
+
+BLOCK_MODELS = '''
+import torch
+from amprewrite.testing.scale import blocks_model
+
+
+def blocks():
+    return blocks_model(), (torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(3)),)
+'''
+
+
+def test_compiled_prints_what_the_backend_planned_for_each_block(tmp_path, capsys):
+    """`amprewrite compiled --per-block` compiles each block as torchtitan does and shows the
+    CompiledReport: the block past fp16's range gets a plan of its own, with its reason."""
+    torch._dynamo.reset()
+    path = tmp_path / "block_models.py"
+    path.write_text(BLOCK_MODELS)
+    code, out, _ = run_main(capsys, "compiled", f"{path}:blocks", "--dtype", "fp16",
+                            "--per-block", "blocks")
+    assert code == 0
+    assert "blocks.0, blocks.1, blocks.2, blocks.3" in out
+    assert "blocks.2: planned: new parameters (another block)" in out
+    assert "fp16 max 65504" in out and "plan 1 made for it" in out
+    code, _, err = run_main(capsys, "compiled", f"{path}:blocks", "--per-block", "layers")
+    assert code == 2 and "--per-block layers: the model has no ModuleList" in err
+    torch._dynamo.reset()

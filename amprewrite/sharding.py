@@ -263,6 +263,21 @@ class CommBytes:
         return sum(getattr(self, kind).values())
 
 
+def _byte_gather() -> Any:
+    """FSDP2's all-gather, with a float8 buffer moved as bytes: gloo refuses float8 dtypes
+    ("RuntimeError: Invalid scalar type", torch 2.13), and an all-gather only copies bytes."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    class ByteGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, *args, **kw):
+            if output_tensor.is_floating_point() and output_tensor.element_size() == 1:
+                output_tensor = output_tensor.view(torch.uint8)
+                input_tensor = input_tensor.view(torch.uint8)
+            return super().__call__(output_tensor, input_tensor, group, *args, **kw)
+
+    return ByteGather()
+
+
 def _counting(kind: str, counts: CommBytes, default: Any) -> Any:
     from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
@@ -284,21 +299,20 @@ def _counting(kind: str, counts: CommBytes, default: Any) -> Any:
 @contextmanager
 def count_comm(model: nn.Module) -> Iterator[CommBytes]:
     """Count the bytes of every FSDP2 all-gather and reduce-scatter under ``model`` while the
-    block runs (FSDP2's ``set_custom_all_gather`` / ``set_custom_reduce_scatter``)."""
+    block runs (FSDP2's ``set_custom_all_gather`` / ``set_custom_reduce_scatter``). A float8
+    all-gather is counted as float8 and moved as bytes (gloo has no float8 dtype), during the
+    block and after it."""
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
-        DefaultAllGather,
-        DefaultReduceScatter,
-    )
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 
     counts = CommBytes()
     sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
     for m in sharded:
-        m.set_custom_all_gather(_counting("all_gather", counts, DefaultAllGather()))
+        m.set_custom_all_gather(_counting("all_gather", counts, _byte_gather()))
         m.set_custom_reduce_scatter(_counting("reduce_scatter", counts, DefaultReduceScatter()))
     try:
         yield counts
     finally:
         for m in sharded:
-            m.set_custom_all_gather(DefaultAllGather())
+            m.set_custom_all_gather(_byte_gather())
             m.set_custom_reduce_scatter(DefaultReduceScatter())

@@ -5,15 +5,21 @@ and the loss over ``--steps`` steps, gloo on CPU.
     python -m benchmarks sharding --worlds 2 --steps 10 --out /tmp/sharding   # a smoke run
 
 The model is transformers' ``LlamaForCausalLM`` from a small config (hidden 128, intermediate
-352, 4 layers, 4 heads, 2 KV heads, vocabulary 512; random weights, no download), trained on
-8 sequences of 64 tokens per step (split across the ranks) drawn from a fixed pool of 32
-random sequences (learnable: the loss falls as the model memorises them), with AdamW
-(lr 3e-3). Every recipe wraps each decoder layer in ``checkpoint_wrapper`` and shards it, then
-the root (torchtitan's order). Recipes:
+352, 4 layers, 4 heads, 2 KV heads, vocabulary 512; random weights, no download), trained with
+AdamW (lr 1e-3) on a fresh batch every step: 8 sequences of 64 tokens (split across the ranks)
+walked on a fixed random Markov chain in which each token has 4 equally likely successors. The
+model learns the chain rather than memorising sequences: the loss falls from ln 512 = 6.24
+towards the chain's entropy, ln 4 = 1.39. Every recipe wraps each decoder layer in
+``checkpoint_wrapper`` and shards it, then the root (torchtitan's order). Recipes:
 
 - ``fp32``: fp32 training; ``torch.distributed.fsdp.fully_shard`` without a policy.
 - ``torchtitan bf16``: ``fully_shard(..., mp_policy=MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32))`` on every block and the root (torchtitan's default); blocks eager.
+- ``torchtitan bf16 + float8``: the same, after torchao's ``convert_to_float8_training``
+  (tensorwise, ``enable_fsdp_float8_all_gather=True``; ``lm_head`` left out, as torchtitan
+  leaves out its output layer) and ``precompute_float8_dynamic_scale_for_fsdp`` after each
+  optimizer step (torchtitan's float8 recipe). gloo has no float8 dtype: the float8 buffers
+  move as bytes (``amprewrite.sharding.count_comm``'s all-gather).
 - ``amprewrite, fp32 gathers``: the guide's recipe before ``amprewrite.fully_shard``: each
   block ``torch.compile(backend="amprewrite", options={"inner": "eager"})``, torch's
   ``fully_shard`` without a policy.
@@ -21,9 +27,12 @@ the root (torchtitan's order). Recipes:
 
 Bytes are counted in FSDP2's own collectives (``amprewrite.sharding.count_comm``): all-gather
 outputs (the unsharded, padded parameters) and reduce-scatter inputs (the gradients), per rank
-and step, summed over the step's collectives. ``loss_rel_fp32``: the largest relative
-difference of the per-step loss (averaged over ranks) from the fp32 recipe's over all steps.
-Writes ``sharding.json`` under ``--out``.
+and step, summed over the step's collectives (a group gathering several dtypes, float8 weights
+next to bf16 norms, gathers one uint8 buffer). The loss of a step is averaged over ranks.
+``loss_rel_fp32``: the relative difference of the mean loss over the last 10 steps from the
+fp32 recipe's (the goal's measure); ``loss_rel_fp32_max_step``: the largest relative
+difference of any one step's loss. Writes ``sharding.json`` and ``sharding.csv`` under
+``--out`` (benchmarks.common.save).
 """
 
 from __future__ import annotations
@@ -40,9 +49,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
-RECIPES = ("fp32", "torchtitan bf16", "amprewrite, fp32 gathers", "amprewrite bf16")
-VOCAB, SEQ, BATCH = 512, 64, 8
+from .common import RESULTS, save
+
+RECIPES = ("fp32", "torchtitan bf16", "torchtitan bf16 + float8", "amprewrite, fp32 gathers",
+           "amprewrite bf16")
+VOCAB, SEQ, BATCH, SUCCESSORS, LR = 512, 64, 8, 4, 1e-3
 
 
 def _model():
@@ -64,13 +75,19 @@ def _prepare(model, recipe: str):
 
     if recipe == "amprewrite bf16":
         shard = amprewrite.fully_shard
-    elif recipe == "torchtitan bf16":
+    elif recipe.startswith("torchtitan"):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
         def shard(m):
             return torch_fully_shard(m, mp_policy=policy)
     else:
         shard = torch_fully_shard
+    if recipe.endswith("float8"):
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(
+            model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True),
+            module_filter_fn=lambda mod, fqn: fqn != "lm_head")
     layers = model.model.layers
     for name, block in list(layers.named_children()):
         block = checkpoint_wrapper(block)
@@ -82,24 +99,38 @@ def _prepare(model, recipe: str):
     return model
 
 
+def _batch(step: int) -> torch.Tensor:
+    """A fresh batch for ``step``, the same on every rank: walks on the fixed Markov chain."""
+    succ = torch.randint(0, VOCAB, (VOCAB, SUCCESSORS), generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.empty(BATCH, SEQ, dtype=torch.long)
+    ids[:, 0] = torch.randint(0, VOCAB, (BATCH,), generator=g)
+    pick = torch.randint(0, SUCCESSORS, (BATCH, SEQ), generator=g)
+    for t in range(1, SEQ):
+        ids[:, t] = succ[ids[:, t - 1], pick[:, t]]
+    return ids
+
+
 def _worker(rank: int, world: int, init: str, out: str, recipe: str, steps: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
         from amprewrite.sharding import count_comm
 
         model = _prepare(_model(), recipe)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        g = torch.Generator().manual_seed(1)
-        pool = torch.randint(0, VOCAB, (32, SEQ), generator=g)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        if recipe.endswith("float8"):
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
         losses, per_step = [], []
         start = time.perf_counter()
-        for _ in range(steps):
-            ids = pool[torch.randperm(len(pool), generator=g)[:BATCH]][rank::world]
+        for step in range(steps):
+            ids = _batch(step)[rank::world]
             with count_comm(model) as comm:
                 opt.zero_grad()
                 loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
                 opt.step()
+                if recipe.endswith("float8"):
+                    precompute_float8_dynamic_scale_for_fsdp(model)
             loss = loss.detach()
             dist.all_reduce(loss)
             losses.append(loss.item() / world)
@@ -140,6 +171,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--float8-steps", type=int, default=1,
+                        help="steps of the float8 recipe (CPU float8 matmuls take seconds each: "
+                             "its bytes, the same every step, not its loss)")
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -147,7 +181,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for world in args.worlds:
         by_recipe = {}
         for recipe in args.recipes:
-            row = run(recipe, world, args.steps)
+            steps = args.float8_steps if recipe.endswith("float8") else args.steps
+            row = run(recipe, world, steps)
+            print(f"world {world} {recipe}: {steps} steps in {row['seconds']} s", flush=True)
             by_recipe[recipe] = row
             rows.append(row)
         ref, titan = by_recipe.get("fp32"), by_recipe.get("torchtitan bf16")
@@ -155,22 +191,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if ref is not None:
                 row["all_gather_vs_fp32"] = round(row["all_gather_bytes"]
                                                   / ref["all_gather_bytes"], 4)
-                row["loss_rel_fp32"] = max(abs(a - b) / abs(b) for a, b in
-                                           zip(row["losses"], ref["losses"], strict=True))
+            if ref is not None and row["steps"] == ref["steps"]:
+                last, ref_last = (sum(r["losses"][-10:]) / len(r["losses"][-10:])
+                                  for r in (row, ref))
+                row["loss_last10"] = last
+                row["loss_rel_fp32"] = abs(last - ref_last) / ref_last
+                row["loss_rel_fp32_max_step"] = max(
+                    abs(a - b) / abs(b)
+                    for a, b in zip(row["losses"], ref["losses"], strict=True))
             if titan is not None:
                 row["all_gather_vs_torchtitan"] = round(row["all_gather_bytes"]
                                                         / titan["all_gather_bytes"], 4)
-            print(f"world {world} {row['recipe']:>26}: all-gather {row['all_gather_bytes']:>9} B"
+            print(f"world {world} {row['recipe']:>26} ({row['steps']} steps): all-gather "
+                  f"{row['all_gather_bytes']:>9} B"
                   f" ({row.get('all_gather_vs_torchtitan', float('nan')):.4f}x torchtitan), "
                   f"reduce-scatter {row['reduce_scatter_bytes']:>9} B, loss "
                   f"{row['losses'][0]:.4f} -> {row['losses'][-1]:.4f} "
-                  f"(max rel. to fp32 {row.get('loss_rel_fp32', float('nan')):.2e}), "
+                  f"(last 10 rel. to fp32 {row.get('loss_rel_fp32', float('nan')):.2e}, max step "
+                  f"{row.get('loss_rel_fp32_max_step', float('nan')):.2e}), "
                   f"{row['seconds']} s", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sharding.json").write_text(json.dumps(
-        {"command": "python -m benchmarks sharding " + " ".join(sys.argv[1:] if argv is None
-                                                                else argv),
-         "torch": torch.__version__, "rows": rows}, indent=1))
+    command = "python -m benchmarks sharding " + " ".join(sys.argv[1:] if argv is None else argv)
+    save("sharding", rows, {"command": command.strip()}, out=args.out)
     return rows
 
 

@@ -95,7 +95,10 @@ def _fp32(value: object) -> object:
     FSDP2 with a low ``param_dtype`` hands the backend's graph low weights next to fp32
     activations, a mix only the plan's casts make valid."""
     if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-        return value.float()
+        try:
+            return value.float()
+        except (RuntimeError, NotImplementedError):  # a subclass with no fp32 form (torchao's
+            return value                             # float8 weights): as it is
     return value
 
 

@@ -4,69 +4,60 @@ others' do not. Ranges are widened across ranks before each plan is fixed, so ev
 the same generated code and every rank's output is finite; a training step that overflows on
 one rank makes every rank plan again (amprewrite.GradScaler reduces found_inf)."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from .gloo import on_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 
 HOT_RANK = 1
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    try:
-        import amprewrite
-        from amprewrite import plans
-        from amprewrite.testing.scale import (
-            blocks_model,
-            compile_blocks,
-            growing_batches,
-            growing_mlp,
-            train,
-        )
-        from amprewrite.verify import rel_err
+def _worker(rank: int, world: int) -> dict:
+    import amprewrite
+    from amprewrite import plans
+    from amprewrite.testing.scale import (
+        blocks_model,
+        compile_blocks,
+        growing_batches,
+        growing_mlp,
+        train,
+    )
+    from amprewrite.verify import rel_err
 
-        # An MLP without a norm in front: only the hot rank's inputs take it past fp16's range.
-        x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 + rank))
-        if rank == HOT_RANK:
-            x = x * 3e4
-        ref = growing_mlp()(x)
-        compiled = torch.compile(growing_mlp(), backend="amprewrite",
-                                 options={"dtype": "fp16", "inner": "eager"})
-        out = compiled(x)
-        codes = sorted(p.gm.code for plan in plans.plans_of(compiled) for p in plan.plans)
-        rep = amprewrite.report(compiled)
-        # The per-block recipe: every block's graph the same on every rank too.
-        torch._dynamo.reset()
-        blocks = compile_blocks(blocks_model(), options={"dtype": "fp16", "inner": "eager"})
-        blocks(torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(20 + rank)))
-        codes += sorted(p.gm.code for plan in plans.plans_of(blocks) for p in plan.plans)
-        # Training: only the hot rank's batches grow; every rank must plan again with it.
-        torch._dynamo.reset()
-        batches = growing_batches(16, shift_at=100 if rank != HOT_RANK else 6,
-                                  seed=1 + rank)
-        mlp = torch.compile(growing_mlp(), backend="amprewrite",
-                            options={"dtype": "fp16", "inner": "eager"})
-        run = train(mlp, batches, "amprewrite")
-        mlp_codes = sorted(p.gm.code for plan in plans.plans_of(mlp) for p in plan.plans)
-        torch.save({"finite": bool(torch.isfinite(out).all()), "error": rel_err(out, ref),
-                    "codes": codes, "ranks": [g.ranks for g in rep.graphs],
-                    "mlp_codes": mlp_codes, "losses": run.losses},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    # An MLP without a norm in front: only the hot rank's inputs take it past fp16's range.
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(10 + rank))
+    if rank == HOT_RANK:
+        x = x * 3e4
+    ref = growing_mlp()(x)
+    compiled = torch.compile(growing_mlp(), backend="amprewrite",
+                             options={"dtype": "fp16", "inner": "eager"})
+    out = compiled(x)
+    codes = sorted(p.gm.code for plan in plans.plans_of(compiled) for p in plan.plans)
+    rep = amprewrite.report(compiled)
+    # The per-block recipe: every block's graph the same on every rank too.
+    torch._dynamo.reset()
+    blocks = compile_blocks(blocks_model(), options={"dtype": "fp16", "inner": "eager"})
+    blocks(torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(20 + rank)))
+    codes += sorted(p.gm.code for plan in plans.plans_of(blocks) for p in plan.plans)
+    # Training: only the hot rank's batches grow; every rank must plan again with it.
+    torch._dynamo.reset()
+    batches = growing_batches(16, shift_at=100 if rank != HOT_RANK else 6,
+                              seed=1 + rank)
+    mlp = torch.compile(growing_mlp(), backend="amprewrite",
+                        options={"dtype": "fp16", "inner": "eager"})
+    run = train(mlp, batches, "amprewrite")
+    mlp_codes = sorted(p.gm.code for plan in plans.plans_of(mlp) for p in plan.plans)
+    return {"finite": bool(torch.isfinite(out).all()), "error": rel_err(out, ref),
+            "codes": codes, "ranks": [g.ranks for g in rep.graphs],
+            "mlp_codes": mlp_codes, "losses": run.losses}
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_rank_compiles_the_same_graph_and_stays_finite(tmp_path, world):
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world,
-             join=True)
-    runs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    runs = on_ranks(_worker, world, tmp_path)
     for r, run in enumerate(runs):
         assert run["finite"], r
         assert run["error"] < 1e-3, (r, run["error"])
@@ -90,42 +81,33 @@ def test_every_rank_compiles_the_same_graph_and_stays_finite(tmp_path, world):
         assert bad == ([6] if r == HOT_RANK else []), (r, bad)
 
 
-def _tp_fp8_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            parallelize_module,
-        )
+def _tp_fp8_worker(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
-        import amprewrite
+    import amprewrite
 
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-        torch.manual_seed(0)
-        # 272 = 16 * 17: divisible by 16 as a whole, 136 per rank is not.
-        model = torch.nn.Sequential(torch.nn.Linear(64, 272), torch.nn.ReLU(),
-                                    torch.nn.Linear(272, 64))
-        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-        compiled = torch.compile(model, backend="amprewrite", options={
-            "dtype": "bf16", "fp8": amprewrite.Float8(min_speedup=0), "inner": "eager"})
-        out = compiled(torch.randn(8, 64, generator=torch.Generator().manual_seed(1)))
-        verdicts = [d.fp8 for g in amprewrite.report(compiled).graphs
-                    for d in g.report.decisions if d.fp8]
-        torch.save({"verdicts": verdicts, "finite": bool(torch.isfinite(out).all())},
-                   os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    # 272 = 16 * 17: divisible by 16 as a whole, 136 per rank is not.
+    model = torch.nn.Sequential(torch.nn.Linear(64, 272), torch.nn.ReLU(),
+                                torch.nn.Linear(272, 64))
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    compiled = torch.compile(model, backend="amprewrite", options={
+        "dtype": "bf16", "fp8": amprewrite.Float8(min_speedup=0), "inner": "eager"})
+    out = compiled(torch.randn(8, 64, generator=torch.Generator().manual_seed(1)))
+    verdicts = [d.fp8 for g in amprewrite.report(compiled).graphs
+                for d in g.report.decisions if d.fp8]
+    return {"verdicts": verdicts, "finite": bool(torch.isfinite(out).all())}
 
 
 def test_under_tensor_parallel_float8_reads_each_ranks_local_shapes(tmp_path):
     pytest.importorskip("torchao")
-    mp.spawn(_tp_fp8_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
-             join=True)
-    for r in range(2):
-        run = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+    for run in on_ranks(_tp_fp8_worker, 2, tmp_path):
         assert run["finite"]
         assert len(run["verdicts"]) == 2, run["verdicts"]
         # Column-parallel: 64 -> 136 per rank; row-parallel: 136 -> 64 per rank.

@@ -8,12 +8,11 @@ Two models: amprewrite.testing.scale's four pre-norm MLP blocks with block 2 pas
 the batch; the two tp ranks of a dp group take the same half.
 """
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from .gloo import on_ranks
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 
@@ -107,43 +106,36 @@ def _train(model, loss_fn, batches, reduce=None) -> list[torch.Tensor]:
     return [*losses, evaluated]
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+def _worker(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
 
-        import amprewrite
+    import amprewrite
 
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        dp = mesh["dp"].get_local_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh["dp"].get_local_rank()
 
-        def mean_over_dp(t: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(t, group=mesh["dp"].get_group())
-            return t / 2
+    def mean_over_dp(t: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(t, group=mesh["dp"].get_group())
+        return t / 2
 
-        out = {}
-        for name, case, data in (("blocks", _blocks_case, _blocks_data()),
-                                 ("llama", _llama_case, _llama_data())):
-            torch._dynamo.reset()
-            model, loss_fn = case(mesh)
-            half = data[:, dp * BATCH // 2:(dp + 1) * BATCH // 2]
-            losses = _train(model, loss_fn, half, mean_over_dp)
-            rep = amprewrite.report(model)
-            out[name] = {"losses": torch.stack(losses),
-                         "ranks": sorted({g.ranks for g in rep.graphs}),
-                         "blocks": sorted({b for g in rep.graphs for b in g.blocks})}
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    out = {}
+    for name, case, data in (("blocks", _blocks_case, _blocks_data()),
+                             ("llama", _llama_case, _llama_data())):
+        torch._dynamo.reset()
+        model, loss_fn = case(mesh)
+        half = data[:, dp * BATCH // 2:(dp + 1) * BATCH // 2]
+        losses = _train(model, loss_fn, half, mean_over_dp)
+        rep = amprewrite.report(model)
+        out[name] = {"losses": torch.stack(losses),
+                     "ranks": sorted({g.ranks for g in rep.graphs}),
+                     "blocks": sorted({b for g in rep.graphs for b in g.blocks})}
+    return out
 
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     """Both cases trained on the 2x2 mesh: one spawn of 4 processes, results per rank."""
-    out_dir = tmp_path_factory.mktemp("one_plan_tp")
-    mp.spawn(_worker, args=(4, str(out_dir / "init"), str(out_dir)), nprocs=4, join=True)
-    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(4)]
+    return on_ranks(_worker, 4, tmp_path_factory.mktemp("one_plan_tp"))
 
 
 @pytest.mark.parametrize("case", ["blocks", "llama"])

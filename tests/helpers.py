@@ -282,3 +282,13 @@ def corrupt_a_linear(monkeypatch, last: bool = False) -> list[str]:
 
     monkeypatch.setattr(api, "pipeline", corrupted_pipeline)
     return corrupted
+
+
+def run_cli(capsys, *args: object) -> tuple[int, str, str]:
+    """The command line in this process (``cli.main`` parses the flags as the command does):
+    exit code, stdout, stderr."""
+    from amprewrite import cli
+
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -16,6 +16,8 @@ import torch
 import amprewrite
 from amprewrite import cli
 
+from .helpers import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
 sys.path.insert(0, str(ROOT / "examples"))
@@ -314,13 +316,6 @@ def keyword_models(tmp_path_factory) -> Path:
     return path
 
 
-def run_main(capsys, *args: object) -> tuple[int, str, str]:
-    """The command line in this process (cli.main parses the flags as the command does)."""
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("command", ["check", "dump", "export"])
 def test_a_factory_returning_keyword_inputs_works_in_every_command(keyword_models, tmp_path,
                                                                   capsys, command):
@@ -328,7 +323,7 @@ def test_a_factory_returning_keyword_inputs_works_in_every_command(keyword_model
     transform(example_inputs={...}) calls it (it was wrapped in a tuple: model(dict))."""
     out = {"check": [], "dump": ["--out", tmp_path, "--check", "--format", "text"],
            "export": ["--out", tmp_path / "scaled.pt2"]}[command]
-    code, stdout, stderr = run_main(capsys, command, f"{keyword_models}:scaled", *out)
+    code, stdout, stderr = run_cli(capsys, command, f"{keyword_models}:scaled", *out)
     assert code == 0, stdout + stderr
     if command == "dump":
         assert "def forward(self, x, scale)" in (tmp_path / "after.py").read_text()
@@ -344,7 +339,7 @@ def test_a_factory_returning_keyword_inputs_works_in_every_command(keyword_model
 def test_a_hugging_face_factory_with_keyword_inputs_exports(keyword_models, tmp_path, capsys):
     pytest.importorskip("transformers")
     out = tmp_path / "llama.pt2"
-    code, stdout, stderr = run_main(capsys, "export", f"{keyword_models}:llama", "--out", out)
+    code, stdout, stderr = run_cli(capsys, "export", f"{keyword_models}:llama", "--out", out)
     assert code == 0, stdout + stderr
     assert "check passed" in stdout
     ids = torch.randint(0, 256, (3, 12))
@@ -357,7 +352,7 @@ def test_a_hugging_face_factory_with_keyword_inputs_exports(keyword_models, tmp_
 def test_a_seq2seq_factory_with_keyword_inputs_checks(keyword_models, capsys):
     """T5 takes decoder_input_ids by name (attention_mask comes before it)."""
     pytest.importorskip("transformers")
-    code, stdout, stderr = run_main(capsys, "check", f"{keyword_models}:t5")
+    code, stdout, stderr = run_cli(capsys, "check", f"{keyword_models}:t5")
     assert code == 0, stdout + stderr
     assert "check passed" in stdout
 
@@ -383,7 +378,7 @@ def test_every_option_and_command_says_what_it_does_and_its_default():
 
 def test_a_missing_dot_is_one_note_for_both_svg_files(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
-    code, out, _ = run_main(capsys, "dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out",
+    code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--inputs", "4x16", "--out",
                             tmp_path / "out")
     assert code == 0, out
     notes = [ln for ln in out.splitlines() if "Graphviz 'dot' is not installed" in ln]
@@ -416,12 +411,12 @@ def test_compiled_prints_what_the_backend_planned_for_each_block(tmp_path, capsy
     torch._dynamo.reset()
     path = tmp_path / "block_models.py"
     path.write_text(BLOCK_MODELS)
-    code, out, _ = run_main(capsys, "compiled", f"{path}:blocks", "--dtype", "fp16",
+    code, out, _ = run_cli(capsys, "compiled", f"{path}:blocks", "--dtype", "fp16",
                             "--per-block", "blocks")
     assert code == 0
     assert "blocks.0, blocks.1, blocks.2, blocks.3" in out
     assert "blocks.2: planned: new parameters (another block)" in out
     assert "fp16 max 65504" in out and "plan 1 made for it" in out
-    code, _, err = run_main(capsys, "compiled", f"{path}:blocks", "--per-block", "layers")
+    code, _, err = run_cli(capsys, "compiled", f"{path}:blocks", "--per-block", "layers")
     assert code == 2 and "--per-block layers: the model has no ModuleList" in err
     torch._dynamo.reset()

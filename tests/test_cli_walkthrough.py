@@ -21,6 +21,8 @@ from torch import nn
 import amprewrite
 from amprewrite import cli
 
+from .helpers import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
 
@@ -84,12 +86,6 @@ def targets(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("targets") / "targets.py"
     path.write_text(TARGETS)
     return path
-
-
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    code = cli.main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def errors_of(stderr: str) -> list[str]:

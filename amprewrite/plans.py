@@ -21,6 +21,7 @@ What each graph's plan was made from, and every re-plan with its reason, is in
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -200,9 +201,8 @@ class GraphPlan:
         self.seen: set[tuple[int, ...]] = set()
         self.stale: str | None = None
         self.ranks = torch.distributed.get_world_size() if distributed() else 1
-        self.fp8_errors: dict[str, tuple[float, float]] = {}
         gm = plan(captured, tuple(values), None, None)
-        self.fp8_errors = dict(gm.meta.get(FP8_ERRORS_KEY, {}))
+        self.fp8_errors: dict[str, tuple[float, float]] = dict(gm.meta.get(FP8_ERRORS_KEY, {}))
         first = _Plan(gm, compile(gm, self.example_inputs), dict(gm.meta.get(RANGES_KEY, {})))
         self.plans = [first]
         key = self._key(example_inputs)
@@ -305,18 +305,19 @@ class GraphPlan:
             self._event(key, f"{why}: float8 verdicts hold", False)
             return
         turned = sorted(before - after)
-        for other in self.plans:
-            made = trial if other is plan else self._make(args, other.ranges)
-            if made is trial:
-                with _tracing(self.context):
-                    made = _Plan(trial, self._compile(trial, self.example_inputs),
-                                 dict(trial.meta.get(RANGES_KEY, other.ranges)))
+        for other in self.plans:  # the trial is this block's plan made again; the rest anew
+            made = (self._compiled(trial, other.ranges) if other is plan
+                    else self._make(args, other.ranges))
             other.gm, other.fn, other.ranges = made.gm, made.fn, made.ranges
         self._event(key, f"{why}: float8 error on this call turns {', '.join(turned)} to bf16 "
                          "in every plan", True)
 
     def _make(self, args: Sequence[object], ranges: dict[str, ValueRange]) -> _Plan:
+        """A plan made on this call's values for ``ranges``, compiled."""
         gm = self._plan(copy_graph(self.fp32), tuple(args), ranges or None, self.fp8_errors)
+        return self._compiled(gm, ranges)
+
+    def _compiled(self, gm: fx.GraphModule, ranges: dict[str, ValueRange]) -> _Plan:
         with _tracing(self.context):
             fn = self._compile(gm, self.example_inputs)
         return _Plan(gm, fn, dict(gm.meta.get(RANGES_KEY, ranges)))
@@ -410,8 +411,6 @@ def _tracing_context() -> object:
 def _tracing(context: object):
     """The tracing context of the compile the plan was made in: the inner backend compiles again
     with dynamo's fake tensors and shape environment, outside dynamo."""
-    import contextlib
-
     from torch._guards import tracing
 
     return tracing(context) if context is not None else contextlib.nullcontext()

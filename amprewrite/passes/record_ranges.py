@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import meta as M
 from ..capture import split_inputs
@@ -91,14 +92,14 @@ def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtyp
 
 
 def _fp32(value: object) -> object:
-    """A bf16/fp16 tensor as fp32 (exact), else ``value``: the graph is the fp32 model's, and
-    FSDP2 with a low ``param_dtype`` hands the backend's graph low weights next to fp32
-    activations, a mix only the plan's casts make valid."""
-    if isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16):
-        try:
-            return value.float()
-        except (RuntimeError, NotImplementedError):  # a subclass with no fp32 form (torchao's
-            return value                             # float8 weights): as it is
+    """A bf16/fp16 tensor (or DTensor) as fp32 (exact), else ``value``: the graph is the fp32
+    model's, and FSDP2 with a low ``param_dtype`` hands the backend's graph low weights next to
+    fp32 activations, a mix only the plan's casts make valid. Other tensor subclasses (torchao's
+    float8 weights) have no fp32 form of their own and are passed as they are."""
+    plain = not is_traceable_wrapper_subclass(value) or hasattr(value, "to_local")
+    if (isinstance(value, torch.Tensor) and plain
+            and value.dtype in (torch.float16, torch.bfloat16)):
+        return value.float()
     return value
 
 

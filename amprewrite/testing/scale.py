@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -108,8 +108,6 @@ class TrainRun:
     losses: list[float]
     skipped: int = 0
     seconds: float = 0.0
-    replans: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def nonfinite(self) -> int:

@@ -51,7 +51,9 @@ __all__ = [
     "linear",
     "linear_inference",
     "parse_fp8",
+    "scale_of",
     "speedup",
+    "to_e4m3",
 ]
 
 # torchao's recipe names (torchao.float8.Float8LinearRecipeName).
@@ -271,11 +273,26 @@ def _scaled(t: torch.Tensor, dim: int | None, round_pow2: bool
     """``t`` in e4m3 with its dynamic scale (one per tensor, or per slice along ``dim``), as
     torchao's ``hp_tensor_to_float8_dynamic`` makes them."""
     amax = t.abs().max() if dim is None else t.abs().amax(dim=dim, keepdim=True)
+    scale = scale_of(amax, round_pow2)
+    return to_e4m3(t, scale), scale
+
+
+def scale_of(amax: torch.Tensor, round_pow2: bool = False) -> torch.Tensor:
+    """The float8 (e4m3) scale of values whose largest magnitude is ``amax``, as torchao
+    computes it (in float64, then float32; a power of two with ``round_pow2``).
+
+    >>> scale_of(torch.tensor(448.0)).item(), scale_of(torch.tensor(3.0), True).item()
+    (1.0, 128.0)
+    """
     scale = (_E4M3_MAX / torch.clamp(amax.to(torch.float64), min=1e-12)).to(torch.float32)
     if round_pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
-    data = (t.to(torch.float32) * scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn)
-    return data, scale
+    return scale
+
+
+def to_e4m3(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``t * scale`` saturated to e4m3's range and rounded to e4m3."""
+    return (t.to(torch.float32) * scale).clamp(-_E4M3_MAX, _E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def linear_inference(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

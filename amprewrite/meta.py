@@ -83,6 +83,9 @@ POLICY_KEY = "amprewrite_policy"  # gm.meta: the Policy a GraphModule was transf
 RANGES_KEY = "amprewrite_ranges"
 # gm.meta: each float8 candidate's (bf16 error, float8 error) by node name (float8_linears)
 FP8_ERRORS_KEY = "amprewrite_fp8_errors"
+# gm.meta: each checkpointed region body's inputs on the example inputs, by the body's attribute
+# (record_ranges, with fp8; transform_bodies hands them to the body's float8 check and drops them)
+BODY_INPUTS_KEY = "amprewrite_body_inputs"
 MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_provenance)
 # ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
 # data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").

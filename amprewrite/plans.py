@@ -42,8 +42,8 @@ from .ranges import (
 from .report import COMPILED_LOOKUPS, CompiledReport, GraphReport, PlanEvent, Report
 
 __all__ = ["CompiledReport", "GraphPlan", "GraphReport", "PlanEvent", "across_ranks",
-           "compiled_report", "copy_graph", "count_step", "distributed", "mark_overflow",
-           "outgrown", "plans_of"]
+           "compiled_report", "copy_graph", "count_step", "distributed", "float8_parameters",
+           "mark_overflow", "outgrown", "plans_of", "plans_version"]
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
@@ -125,6 +125,8 @@ def outgrown(planned: Mapping[str, ValueRange], seen: Mapping[str, ValueRange],
 # Every live plan, for mark_overflow and report(model).
 _PLANS: weakref.WeakSet[GraphPlan] = weakref.WeakSet()
 _STEP: list[int | None] = [None]  # optimizer steps amprewrite.GradScaler.update has seen
+_VERSION: list[int] = [0]  # bumped by every plan event: which plan serves which block changed
+_FLOAT8_SEEN: list = [-1, frozenset()]  # float8_parameters() at a version
 
 
 def count_step() -> None:
@@ -230,6 +232,7 @@ class GraphPlan:
             self.blocks[key] = [weakref.ref(args[i]) for i in self.params]
 
     def _event(self, key: tuple[int, ...], reason: str, replanned: bool) -> None:
+        _VERSION[0] += 1
         self.events.append(PlanEvent(self.calls, _step(), reason, replanned))
         self._event_keys.append(key)
 
@@ -341,9 +344,61 @@ class GraphPlan:
 
 
 def _float8_nodes(gm: fx.GraphModule) -> frozenset[str]:
-    """The nodes of a planned graph that run in float8."""
-    return frozenset(n.name for n in gm.graph.nodes
+    """The nodes of a planned graph (and of its checkpointed bodies, by qualified name) that run
+    in float8."""
+    from .passes.record_ranges import qualified_names
+
+    return frozenset(name for n, name in qualified_names(gm).items()
                      if str(n.meta.get(FLOAT8, "")).startswith("fp8"))
+
+
+def _float8_weights(gm: fx.GraphModule) -> frozenset[int]:
+    """The indices of ``gm``'s placeholders that a float8 linear reads as its weight (through
+    the plan's casts, and into checkpointed and wrapped bodies)."""
+    from . import meta as M
+
+    def inputs(g: fx.GraphModule, outer: list[object]) -> set[int]:
+        found: set[int] = set()
+        place = {n: outer[i] for i, n in enumerate(g.graph.find_nodes(op="placeholder"))
+                 if i < len(outer)}
+        for n in g.graph.nodes:
+            if str(n.meta.get(FLOAT8, "")).startswith("fp8") and len(n.args) > 1:
+                w = n.args[1]
+                while isinstance(w, fx.Node) and M.CAST in w.meta and w.args:
+                    w = w.args[0]
+                if w in place and place[w] is not None:
+                    found.add(place[w])  # type: ignore[arg-type]
+            elif (n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node)
+                  and n.args[0].op == "get_attr"):
+                body = getattr(g, str(n.args[0].target), None)
+                if isinstance(body, fx.GraphModule):  # a HOP: its operands are the body's inputs
+                    found |= inputs(body, [place.get(a) if isinstance(a, fx.Node) else None
+                                           for a in n.args[1:]])
+        return found
+
+    return frozenset(inputs(gm, list(range(len(gm.graph.find_nodes(op="placeholder"))))))
+
+
+def plans_version() -> int:
+    """A counter that changes whenever a plan is made, remade or assigned to a block."""
+    return _VERSION[0]
+
+
+def float8_parameters() -> frozenset[int]:
+    """``id`` of each parameter a float8 linear reads as its weight in the plan serving its
+    block (the unsharded parameters FSDP2 hands the graph, under ``fully_shard``)."""
+    if _FLOAT8_SEEN[0] == _VERSION[0]:
+        return _FLOAT8_SEEN[1]
+    found: set[int] = set()
+    for plan in list(_PLANS):
+        for key, served in plan.assigned.items():
+            weights = _float8_weights(served.gm)
+            refs = plan.blocks.get(key, [])
+            for pos, index in enumerate(plan.params):
+                if index in weights and pos < len(refs) and (p := refs[pos]()) is not None:
+                    found.add(id(p))
+    _FLOAT8_SEEN[:] = [_VERSION[0], frozenset(found)]
+    return _FLOAT8_SEEN[1]
 
 
 def _block_path(names: list[str]) -> str:

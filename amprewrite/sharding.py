@@ -16,6 +16,9 @@ breaks its graph, and a checkpointed block then runs eagerly; tried on torch 2.1
   gradients before the fp32 reduction: the trade docs/guide.md states, measured in
   docs/benchmarks.md ("Sharding"). A parameter ``keep_fp32`` names or the model declares fp32
   (``_keep_in_fp32_modules``) makes the whole group fp32, with a warning.
+- **float8** (``fp8=``, tensorwise): a compiled block's Linear weights the plan runs in
+  float8 are gathered in e4m3 with one scale per weight and dequantized to the low dtype the
+  graph reads (:class:`Float8Gathered`; docs/guide.md, "Distributed training").
 - **a module that runs eagerly** (the root: embeddings, final norm, head) has no graph to cast:
   each Linear/Conv (LOW) and Embedding becomes its own group gathered low, FSDP casting its
   floating inputs low and its output back to fp32 (``cast_forward_inputs``, ``output_dtype``):
@@ -49,8 +52,8 @@ from .ops import Precision, family_for_module
 from .policy import Policy, Selector
 from .ranges import declared_fp32
 
-__all__ = ["CommBytes", "ParamShard", "ShardingPlan", "count_comm", "fully_shard",
-           "sharding_plan"]
+__all__ = ["CommBytes", "Float8Gathered", "ParamShard", "ShardingPlan", "count_comm",
+           "dequantized", "float8_gathers", "fully_shard", "sharding_plan"]
 
 # Wrappers whose attribute name is not part of the model's own module paths.
 _WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -65,6 +68,7 @@ class ParamShard:
     dtype: torch.dtype
     group: str
     reason: str
+    float8: bool = False  # gathered in float8 once the plan runs its linear in float8
 
 
 @dataclass
@@ -74,13 +78,19 @@ class ShardingPlan:
     dtype: torch.dtype
     compiled: bool
     params: dict[str, ParamShard] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def float8(self) -> list[str]:
+        """The parameters gathered in float8 once the plan runs their linear in float8."""
+        return [p.name for p in self.params.values() if p.float8]
 
     def groups(self) -> dict[str, torch.dtype]:
         """Group (module path, ``""`` for the module itself) -> the dtype it gathers in."""
         return {p.group: p.dtype for p in self.params.values()}
 
     def __str__(self) -> str:
-        return "\n".join(f"{p.name}: {str(p.dtype).replace('torch.', '')} "
+        return "\n".join(f"{p.name}: {str(p.dtype).replace('torch.', '')}"
+                         f"{' (float8 where the plan runs it in float8)' if p.float8 else ''} "
                          f"(group {p.group or '<module>'}): {p.reason}"
                          for p in self.params.values())
 
@@ -133,13 +143,29 @@ def _declared(module: nn.Module, low: torch.dtype) -> dict[str, str]:
     return out
 
 
+def _float8_candidate(m: nn.Module, n: str, p: torch.Tensor) -> str | None:
+    """Why the weight ``n`` of ``m`` cannot be gathered in float8, or None when it can (once
+    the plan runs its linear in float8): a 2-D Linear weight, K and N divisible by 16."""
+    from torch.distributed.tensor import DTensor
+
+    if not (isinstance(m, nn.Linear) and n == "weight" and p.dim() == 2):
+        return "not a Linear's weight"
+    if isinstance(p, DTensor):
+        return "a tensor-parallel weight (float8 gathers of DTensor weights are not built)"
+    if p.shape[0] % 16 or p.shape[1] % 16:
+        return "float8 GEMMs need K and N divisible by 16"
+    return None
+
+
 def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                   keep_fp32: Iterable[Selector] = (),
-                  ignored_params: set[nn.Parameter] | None = None) -> ShardingPlan:
+                  ignored_params: set[nn.Parameter] | None = None,
+                  fp8: object = None) -> ShardingPlan:
     """What :func:`fully_shard` would do with ``module``'s parameters (the ones not sharded by
     an earlier call on a submodule), without sharding anything. See the module docstring."""
-    policy = Policy(dtype=dtype, keep_fp32=tuple(keep_fp32))
+    policy = Policy(dtype=dtype, keep_fp32=tuple(keep_fp32), fp8=fp8)
     low, ignored = policy.dtype, ignored_params or set()
+    float8 = policy.fp8 is not None and policy.fp8.recipe == "tensorwise"
     compiled = _is_compiled(module)
     declared = _declared(module, low)
     plan = ShardingPlan(dtype=low, compiled=compiled)
@@ -166,8 +192,13 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                 what = (f"read by {fam.name} ({fam.precision.value})" if fam is not None
                         else f"read by {type(m).__name__}'s ops")
                 how = "" if leaf else ", which upcasts it where an FP32 op reads it"
+                why_not = _float8_candidate(m, n, p) if float8 else None
+                if float8 and why_not is None:
+                    how += ("; in float8 (tensorwise) from the first forward after the plan "
+                            "runs its linear in float8")
                 plan.params[name] = ParamShard(name, low, "",
-                                               f"{what} in the compiled graph{how}")
+                                               f"{what} in the compiled graph{how}",
+                                               float8 and why_not is None)
             elif leaf:
                 how = ("rows cast up to fp32 after the lookup (output_dtype)"
                        if fam.name == "embedding" else
@@ -180,12 +211,200 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                 what = fam.name if fam is not None else type(m).__name__
                 plan.params[name] = ParamShard(name, torch.float32, "",
                                                f"read by {what} in eager code: fp32")
+    if policy.fp8 is not None and not float8:
+        plan.notes.append(f"fp8 recipe {policy.fp8.recipe!r}: weights gathered in "
+                          f"{str(low).replace('torch.', '')} (float8 gathers are tensorwise "
+                          "only, as torchao's)")
     if compiled and pinned:  # one group, one dtype: the pinned parameters decide
         plan.params = {k: ParamShard(k, torch.float32, "", p.reason if k in pinned else
                                      f"fp32: the compiled module is one group and "
                                      f"{', '.join(pinned)} must stay fp32")
                        for k, p in plan.params.items()}
     return plan
+
+
+class _GatherState:
+    """What one weight's shards gather in: the low dtype until the plan serving its block runs
+    its linear in float8, float8 from the next forward on. Shared by the shard and the copies
+    FSDP2 makes of it (padding)."""
+
+    def __init__(self, name: str, group: Any):
+        self.name, self.group = name, group  # group: the ranks holding a piece of the weight
+        self.fsdp_param: Any = None  # torch's FSDPParam for this weight, set by fully_shard
+        self.float8 = False
+        self.version = -1
+
+    def update(self) -> None:
+        """Follow the plans (on a change: a plan made, remade or assigned). Never in backward:
+        a backward gather, a checkpointed block's recompute among them, reads what forward
+        read. Every rank sees the same plans (their float8 errors are widened across ranks)
+        at the same call, so every rank switches at the same gather."""
+        from . import plans
+
+        version = plans.plans_version()
+        if version == self.version or torch._C._current_graph_task_id() != -1:
+            return
+        self.version = version
+        unsharded = getattr(self.fsdp_param, "_unsharded_param", None)
+        want = unsharded is not None and id(unsharded) in plans.float8_parameters()
+        if want != self.float8:
+            self.float8 = want
+            # FSDP2 allocates a parameter's gather buffers once, in the first gather's dtype:
+            # emptied, they are allocated again in the new one (torch 2.13's FSDPParam).
+            self.fsdp_param.all_gather_outputs = []
+
+
+_aten = torch.ops.aten
+# The ops FSDP2 pads, slices and moves a shard with: their outputs stay float8-gathered shards.
+_KEEP_WRAPPED = frozenset({
+    _aten.empty_like.default, _aten.new_zeros.default, _aten.slice.Tensor, _aten.copy_.default,
+    _aten.view.default, _aten.as_strided.default, _aten._to_copy.default, _aten.detach.default,
+    _aten._pin_memory.default, _aten.split.Tensor, _aten.clone.default})
+
+
+class Float8Gathered(torch.Tensor):
+    """The fp32 shard of a weight that FSDP2 gathers in float8 once the plan runs its linear in
+    float8 (FSDP2's ``fsdp_pre_all_gather``/``fsdp_post_all_gather`` extension; torchao's
+    ``WeightWithDynamicFloat8CastTensor`` is the model). Before: gathered in the group's low
+    dtype like any parameter. After: each rank sends its shard in e4m3 with one scale for the
+    whole weight (its amax, all-reduced across the ranks holding it), and the gathered weight is
+    dequantized into the low dtype the graph reads; the graph's float8 linear casts it back to
+    the same e4m3 values (tests/training/test_sharding.py), with a scale within 2**-8 of the
+    gathered one. Every other op sees the fp32 shard (the optimizer, the gradient)."""
+
+    @staticmethod
+    def __new__(cls, tensor: torch.Tensor, state: _GatherState) -> Float8Gathered:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, tensor.size(), strides=tensor.stride(), storage_offset=tensor.storage_offset(),
+            dtype=tensor.dtype, layout=tensor.layout, device=tensor.device,
+            requires_grad=tensor.requires_grad)
+
+    def __init__(self, tensor: torch.Tensor, state: _GatherState):
+        self._tensor, self._state = tensor, state
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        import torch.utils._pytree as pytree
+
+        states: list[_GatherState] = []
+
+        def unwrap(t: Float8Gathered) -> torch.Tensor:
+            states.append(t._state)
+            return t._tensor
+
+        args, kwargs = pytree.tree_map_only(Float8Gathered, unwrap, (args, kwargs or {}))
+        out = func(*args, **kwargs)
+        if func not in _KEEP_WRAPPED:
+            return out
+        return pytree.tree_map_only(torch.Tensor, lambda t: Float8Gathered(t, states[0]), out)
+
+    def __tensor_flatten__(self):
+        return ["_tensor"], self._state
+
+    @staticmethod
+    def __tensor_unflatten__(inner, state, outer_size, outer_stride):
+        return Float8Gathered(inner["_tensor"], state)
+
+    def __reduce_ex__(self, protocol):  # saved (torch.save, state_dict) as the fp32 shard
+        return self._tensor.__reduce_ex__(protocol)
+
+    def __repr__(self) -> str:
+        return f"Float8Gathered({self._state.name}, float8={self._state.float8}, {self._tensor})"
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        import torch.distributed as dist
+
+        from . import float8 as f8
+
+        self._state.update()
+        low = mp_policy.param_dtype or self._tensor.dtype
+        shard = self._tensor
+        rows = -(-outer_size[0] // mesh.size())  # FSDP2 pads every shard to this many rows
+        if shard.shape[0] < rows:
+            shard = torch.cat([shard, shard.new_zeros(rows - shard.shape[0], *shard.shape[1:])])
+        if not self._state.float8:
+            return (shard.to(low),), None
+        amax = shard.abs().max().to(torch.float32)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self._state.group)
+        scale = f8.scale_of(amax)
+        return (f8.to_e4m3(shard, scale),), scale
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        (data,) = all_gather_outputs
+        value = data if metadata is None else dequantized(data, metadata, param_dtype)
+        if out is not None:
+            from torch.distributed.tensor import DTensor
+
+            target = out._local_tensor if isinstance(out, DTensor) else out
+            # Written in place of the last gather, as FSDP2 writes its own gathers: no version
+            # bump (autograd saved the weight for backward, where it is gathered again).
+            with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(target):
+                target.copy_(value)
+            return None
+        unsharded = value.to(param_dtype, copy=True)
+        return unsharded, (unsharded,)
+
+
+def dequantized(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A float8 weight gathered with its ``scale``, in ``dtype``: what the graph reads.
+
+    >>> from amprewrite import float8 as f8
+    >>> w = torch.tensor([[0.5, -0.25], [0.125, 0.01]])
+    >>> s = f8.scale_of(w.abs().max())
+    >>> dequantized(f8.to_e4m3(w, s), s, torch.bfloat16)  # 0.01: e4m3 keeps 3 mantissa bits
+    tensor([[ 0.5000, -0.2500],
+            [ 0.1250,  0.0101]], dtype=torch.bfloat16)
+    """
+    return (data.to(torch.float32) / scale).to(dtype)
+
+
+def float8_gathers(module: nn.Module) -> list[str]:
+    """The parameters of ``module`` that :func:`fully_shard` gathers in float8 now (the plan
+    runs their linear in float8)."""
+    out = []
+    for name, p in module.named_parameters():
+        local = getattr(p, "_local_tensor", p)
+        if isinstance(local, Float8Gathered) and local._state.float8:
+            out.append(_clean(name))
+    return out
+
+
+def _amax_group(mesh: Any) -> Any:
+    """The process group of the ranks ``mesh`` spans (None: every rank)."""
+    import torch.distributed as dist
+
+    ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
+    if ranks == list(range(dist.get_world_size())):
+        return None
+    return dist.new_group(ranks)
+
+
+def _wrap_float8(module: nn.Module, plan: ShardingPlan, mesh: Any) -> list[_GatherState]:
+    """Each float8-candidate weight of ``plan`` made a :class:`Float8Gathered` parameter."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if mesh is None:
+        import torch.distributed as dist
+
+        mesh = init_device_mesh(_device_type(module), (dist.get_world_size(),))
+    group = _amax_group(mesh)
+    states = []
+    by_clean = {_clean(n): n for n, _ in module.named_parameters()}
+    for name in plan.float8():
+        raw = by_clean[name]
+        owner, _, attr = raw.rpartition(".")
+        sub = module.get_submodule(owner)
+        old = getattr(sub, attr)
+        state = _GatherState(name, group)
+        setattr(sub, attr, nn.Parameter(Float8Gathered(old.detach(), state),
+                                        requires_grad=old.requires_grad))
+        states.append(state)
+    return states
+
+
+def _device_type(module: nn.Module) -> str:
+    p = next(module.parameters(), None)
+    return "cpu" if p is None or p.device.type == "meta" else p.device.type
 
 
 def _policy(param_dtype: torch.dtype | None, leaf: bool) -> Any:
@@ -200,13 +419,18 @@ def _policy(param_dtype: torch.dtype | None, leaf: bool) -> Any:
 
 
 def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
-                keep_fp32: Iterable[Selector] = (), **kwargs: Any) -> nn.Module:
+                keep_fp32: Iterable[Selector] = (), fp8: object = None,
+                **kwargs: Any) -> nn.Module:
     """``torch.distributed.fsdp.fully_shard`` that gathers in ``dtype`` the parameters the
     precision plan reads low, and reduces gradients in fp32 into fp32 shards.
 
     Takes ``fully_shard``'s keywords (``mesh``, ``reshard_after_forward``,
     ``shard_placement_fn``, ``offload_policy``, ``ignored_params``); ``mp_policy`` is the
-    plan's and refused. Call it where torchtitan calls ``fully_shard``: per block after
+    plan's and refused. ``fp8`` (the backend's ``fp8`` option, tensorwise): a compiled block's
+    Linear weights are :class:`Float8Gathered`, gathered in float8 from the first forward after
+    the plan runs their linear in float8 (:func:`float8_gathers` names them).
+
+    Call it where torchtitan calls ``fully_shard``: per block after
     ``torch.compile(block, backend="amprewrite")`` (or ``block.compile(...)``), then on the
     root. :func:`sharding_plan` says what it does with each parameter.
 
@@ -234,7 +458,10 @@ def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
             "amprewrite.fully_shard sets FSDP2's MixedPrecisionPolicy from the precision plan "
             "(low gathers where low ops read, fp32 reductions); pass dtype= and keep_fp32= "
             "instead of mp_policy, or call torch.distributed.fsdp.fully_shard directly.")
-    plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"))
+    plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8)
+    for note in plan.notes:
+        warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
+    states = _wrap_float8(module, plan, kwargs.get("mesh")) if plan.float8() else []
     leaves = {p.group for p in plan.params.values() if p.group}
     # A leaf is never FSDP's root: left to FSDP it would reshard after forward and gather again
     # in backward, which the module's own group (the root's: not resharded) does not.
@@ -248,7 +475,24 @@ def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
                       f"{next(p.reason for p in plan.params.values() if not p.group)}",
                       stacklevel=2)
     low = plan.dtype if rest == {plan.dtype} else None
-    return torch_fully_shard(module, mp_policy=_policy(low, False), **kwargs)
+    sharded = torch_fully_shard(module, mp_policy=_policy(low, False), **kwargs)
+    if states:
+        by_state = {}
+        for fsdp_param in _fsdp_params(module):
+            local = getattr(fsdp_param, "_sharded_local_tensor", None)
+            if isinstance(local, Float8Gathered):
+                by_state[id(local._state)] = fsdp_param
+        for state in states:
+            state.fsdp_param = by_state[id(state)]
+        sharded.set_custom_all_gather(_byte_gather())  # gloo has no float8 dtype
+    return sharded
+
+
+def _fsdp_params(module: nn.Module) -> list[Any]:
+    """torch's FSDPParams of ``module``'s own ``fully_shard`` group (FSDP2 internals)."""
+    state = getattr(module, "_get_fsdp_state", None)
+    group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+    return list(getattr(group, "fsdp_params", ()))
 
 
 @dataclass

@@ -24,6 +24,11 @@ towards the chain's entropy, ln 4 = 1.39. Every recipe wraps each decoder layer 
   block ``torch.compile(backend="amprewrite", options={"inner": "eager"})``, torch's
   ``fully_shard`` without a policy.
 - ``amprewrite bf16``: the same blocks, ``amprewrite.fully_shard`` on each block and the root.
+- ``amprewrite bf16 + float8``: the blocks compiled with ``fp8={"recipe": "tensorwise",
+  "min_speedup": 0}`` (the cost model off, as torchtitan converts every linear but the head;
+  each linear still passes the numerics check) and ``amprewrite.fully_shard(..., fp8=...)``:
+  the weights the plan runs in float8 gathered in float8 from the second step (the first
+  makes the plan). Its bytes are the last step's.
 
 Bytes are counted in FSDP2's own collectives (``amprewrite.sharding.count_comm``): all-gather
 outputs (the unsharded, padded parameters) and reduce-scatter inputs (the gradients), per rank
@@ -32,12 +37,13 @@ next to bf16 norms, gathers one uint8 buffer). The loss of a step is averaged ov
 ``loss_rel_fp32``: the relative difference of the mean loss over the last 10 steps from the
 fp32 recipe's (the goal's measure); ``loss_rel_fp32_max_step``: the largest relative
 difference of any one step's loss. Writes ``sharding.json`` and ``sharding.csv`` under
-``--out`` (benchmarks.common.save).
+``--out`` (benchmarks.common.save); ``--update`` keeps the rows of recipes not run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -52,7 +58,8 @@ import torch.multiprocessing as mp
 from .common import RESULTS, save
 
 RECIPES = ("fp32", "torchtitan bf16", "torchtitan bf16 + float8", "amprewrite, fp32 gathers",
-           "amprewrite bf16")
+           "amprewrite bf16", "amprewrite bf16 + float8")
+FP8 = {"recipe": "tensorwise", "min_speedup": 0}
 VOCAB, SEQ, BATCH, SUCCESSORS, LR = 512, 64, 8, 4, 1e-3
 
 
@@ -75,6 +82,8 @@ def _prepare(model, recipe: str):
 
     if recipe == "amprewrite bf16":
         shard = amprewrite.fully_shard
+    elif recipe == "amprewrite bf16 + float8":  # the root is eager: no float8 there
+        shard = functools.partial(amprewrite.fully_shard, fp8=FP8)
     elif recipe.startswith("torchtitan"):
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
@@ -82,7 +91,7 @@ def _prepare(model, recipe: str):
             return torch_fully_shard(m, mp_policy=policy)
     else:
         shard = torch_fully_shard
-    if recipe.endswith("float8"):
+    if recipe == "torchtitan bf16 + float8":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         convert_to_float8_training(
@@ -92,7 +101,10 @@ def _prepare(model, recipe: str):
     for name, block in list(layers.named_children()):
         block = checkpoint_wrapper(block)
         if recipe.startswith("amprewrite"):
-            block = torch.compile(block, backend="amprewrite", options={"inner": "eager"})
+            options = {"inner": "eager"}
+            if recipe.endswith("float8"):
+                options.update(dtype="bf16", fp8=FP8)
+            block = torch.compile(block, backend="amprewrite", options=options)
         shard(block)
         layers.register_module(name, block)
     shard(model)
@@ -114,11 +126,11 @@ def _batch(step: int) -> torch.Tensor:
 def _worker(rank: int, world: int, init: str, out: str, recipe: str, steps: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        from amprewrite.sharding import count_comm
+        from amprewrite.sharding import count_comm, float8_gathers
 
         model = _prepare(_model(), recipe)
         opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        if recipe.endswith("float8"):
+        if recipe == "torchtitan bf16 + float8":
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
         losses, per_step = [], []
         start = time.perf_counter()
@@ -129,7 +141,7 @@ def _worker(rank: int, world: int, init: str, out: str, recipe: str, steps: int)
                 loss = model(input_ids=ids, labels=ids).loss
                 loss.backward()
                 opt.step()
-                if recipe.endswith("float8"):
+                if recipe == "torchtitan bf16 + float8":
                     precompute_float8_dynamic_scale_for_fsdp(model)
             loss = loss.detach()
             dist.all_reduce(loss)
@@ -147,6 +159,8 @@ def _worker(rank: int, world: int, init: str, out: str, recipe: str, steps: int)
                     "reduce_scatter_bytes": last.total("reduce_scatter"),
                     "reduce_scatter_by_dtype": {str(k).replace("torch.", ""): v
                                                 for k, v in last.reduce_scatter.items()},
+                    "first_step_all_gather_bytes": per_step[0].total("all_gather"),
+                    "float8_gathered_weights": len(float8_gathers(model)),
                     "same_bytes_every_step": all(
                         (c.all_gather, c.reduce_scatter) == (last.all_gather,
                                                              last.reduce_scatter)
@@ -171,21 +185,41 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--float8-steps", type=int, default=1,
-                        help="steps of the float8 recipe (CPU float8 matmuls take seconds each: "
-                             "its bytes, the same every step, not its loss)")
+    parser.add_argument("--float8-steps", type=int, default=2,
+                        help="steps of the float8 recipes (CPU float8 matmuls take seconds each: "
+                             "their bytes, the same every step from the second, not their loss)")
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--update", action="store_true",
+                        help="keep the rows of <out>/sharding.json for the recipes and worlds "
+                             "not run now (each row records the command that made it)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks sharding " + " ".join(sys.argv[1:] if argv is None else argv)
     rows = []
     for world in args.worlds:
-        by_recipe = {}
         for recipe in args.recipes:
             steps = args.float8_steps if recipe.endswith("float8") else args.steps
             row = run(recipe, world, steps)
+            row["command"] = command.strip()
             print(f"world {world} {recipe}: {steps} steps in {row['seconds']} s", flush=True)
-            by_recipe[recipe] = row
             rows.append(row)
+    old = args.out / "sharding.json"
+    if args.update and old.exists():
+        ran = {(r["recipe"], r["world"]) for r in rows}
+        kept = [r for r in json.loads(old.read_text())["rows"]
+                if (r["recipe"], r["world"]) not in ran]
+        for r in kept:
+            r.setdefault("command", json.loads(old.read_text()).get("command", ""))
+        rows = sorted(kept + rows, key=lambda r: (r["world"], RECIPES.index(r["recipe"])))
+    _compare(rows)
+    save("sharding", rows, out=args.out)
+    return rows
+
+
+def _compare(rows: list[dict]) -> None:
+    """Each row against the fp32 recipe and torchtitan's bf16 recipe of its world; printed."""
+    for world in sorted({r["world"] for r in rows}):
+        by_recipe = {r["recipe"]: r for r in rows if r["world"] == world}
         ref, titan = by_recipe.get("fp32"), by_recipe.get("torchtitan bf16")
         for row in by_recipe.values():
             if ref is not None:
@@ -210,9 +244,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"(last 10 rel. to fp32 {row.get('loss_rel_fp32', float('nan')):.2e}, max step "
                   f"{row.get('loss_rel_fp32_max_step', float('nan')):.2e}), "
                   f"{row['seconds']} s", flush=True)
-    command = "python -m benchmarks sharding " + " ".join(sys.argv[1:] if argv is None else argv)
-    save("sharding", rows, {"command": command.strip()}, out=args.out)
-    return rows
 
 
 if __name__ == "__main__":

@@ -248,6 +248,43 @@ def test_backend_option():
     assert float((y - ref).norm() / ref.norm()) < 0.1
 
 
+def test_backend_runs_float8_inside_a_checkpointed_block():
+    """A checkpointed block's body is planned on its own inputs (kept by record_ranges on the
+    call dynamo compiles on): its linears run float8 as the plain block's do, the same values
+    and gradients bit for bit; torchtitan checkpoints every block."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from amprewrite.plans import _float8_nodes, float8_parameters, plans_of
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+    x = torch.randn(256, 64)
+    runs = []
+    for checkpointed in (False, True):
+        m = copy.deepcopy(model)
+        torch._dynamo.reset()
+        fn = torch.compile(checkpoint_wrapper(m) if checkpointed else m, backend="amprewrite",
+                           options={"dtype": "bf16", "fp8": OFF, "inner": "eager"})
+        xi = x.clone().requires_grad_()
+        y = fn(xi)
+        y.sum().backward()
+        (plan,) = plans_of(m)
+        runs.append((y.detach(), xi.grad, m[0].weight.grad, m[2].weight.grad))
+        nodes = _float8_nodes(plan.gm)
+        assert len(nodes) == 2, nodes
+        if checkpointed:  # inside the region's body, by qualified name
+            assert all(n.startswith("wrap_body_0.") for n in nodes), nodes
+            assert len(plan.fp8_errors) == 2  # measured on the body's own inputs
+            assert all(n.startswith("wrap_body_0.") for n in plan.fp8_errors)
+        ids = float8_parameters()
+        assert [n for n, p in m.named_parameters() if id(p) in ids] == ["0.weight", "2.weight"]
+    for plain, checkpointed in zip(*runs):
+        assert torch.equal(plain, checkpointed)
+    with torch.no_grad():
+        ref = model(x)
+    assert float((runs[1][0] - ref).norm() / ref.norm()) < 0.1  # two e4m3 linears: 5% here
+
+
 def _train_small_llama(fp8, steps: int) -> tuple[list[float], int]:
     """A 2-layer LLaMA, ``steps`` AdamW steps on fresh batches of a task whose best loss is
     ln 4, every linear in float8 with ``fp8`` (None: bf16); the same weights and batches for

@@ -109,13 +109,16 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
     passes = [cls(policy) for cls in PASSES]
     for p in passes:
         if isinstance(p, TransformBodies):
-            p.run_inner = _run_inner
+            # a body's nodes are named <body>.<node> (record_ranges.qualified_names)
+            p.run_inner, p.reduce = _run_inner, reduce
+            p.fp8_prior = {k: v for k, v in (fp8_prior or {}).items() if "." in k}
         elif isinstance(p, (RecordRanges, RescaleMatmuls, Float8Linears)):
             p.example_inputs = example_inputs
             if isinstance(p, RecordRanges):
                 p.prior, p.reduce = prior, reduce
             elif isinstance(p, Float8Linears):
-                p.prior, p.reduce = dict(fp8_prior or {}), reduce
+                p.prior = {k: v for k, v in (fp8_prior or {}).items() if "." not in k}
+                p.reduce = reduce
         elif isinstance(p, PaintPrecision):
             p.declared = declared
         elif isinstance(p, VerifyOutput):
@@ -123,8 +126,17 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
     return passes
 
 
-def _run_inner(gm: fx.GraphModule, policy: Policy) -> fx.GraphModule:
-    return run_pipeline(gm, pipeline(policy))
+def _run_inner(gm: fx.GraphModule, policy: Policy, inputs: tuple | None = None,
+               fp8_prior: Mapping[str, tuple[float, float]] | None = None,
+               reduce: Callable[..., dict] | None = None) -> fx.GraphModule:
+    """A region body through the whole pipeline: no inputs to record ranges on (the outer
+    graph recorded them), its float8 candidates checked on ``inputs`` where given (with the
+    outer graph's ``fp8_prior`` for the body and ``reduce``)."""
+    passes = pipeline(policy)
+    for p in passes:
+        if isinstance(p, Float8Linears) and inputs is not None:
+            p.example_inputs, p.prior, p.reduce = inputs, dict(fp8_prior or {}), reduce
+    return run_pipeline(gm, passes)
 
 
 def rewrite_passes() -> frozenset[str]:

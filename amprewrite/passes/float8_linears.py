@@ -235,7 +235,8 @@ class Float8Linears(Pass):
         for c in checked:
             if c.node.name in named and c.failed is None:
                 c.errors = named[c.node.name]
-        gm.meta[M.FP8_ERRORS_KEY] = named
+        # merged with a checkpointed body's, which transform_bodies put there by qualified name
+        gm.meta[M.FP8_ERRORS_KEY] = {**gm.meta.get(M.FP8_ERRORS_KEY, {}), **named}
 
     @staticmethod
     def _judge(c: _Candidate, spec: f8.Float8) -> str:

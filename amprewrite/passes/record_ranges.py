@@ -39,14 +39,23 @@ class _RangeRecorder(fx.Interpreter):
     of a checkpointed region (transform_bodies.BODY_OPS) is run node by node too, so its values
     have ranges (its forward is the region's: checkpointing only changes what backward keeps)."""
 
-    def __init__(self, gm: fx.GraphModule, low: torch.dtype, ranges: dict[fx.Node, ValueRange]):
+    def __init__(self, gm: fx.GraphModule, low: torch.dtype, ranges: dict[fx.Node, ValueRange],
+                 bodies: dict[str, tuple] | None = None,
+                 params: Mapping[fx.Node, object] | None = None):
         super().__init__(gm)
         self.low, self.ranges = low, ranges
+        # bodies: each region body's inputs on its first call, by its attribute (the parameters
+        # as given, ``params``: the placeholders a Parameter was handed to), else not kept.
+        self.bodies, self.params = bodies, params or {}
 
     def run_node(self, n: fx.Node) -> object:
         body = _body(self.module, n)
         if body is not None:
             args, _ = self.fetch_args_kwargs_from_env(n)
+            if self.bodies is not None and str(n.args[0].target) not in self.bodies:
+                self.bodies[str(n.args[0].target)] = tuple(
+                    self.params.get(a, v) if isinstance(a, fx.Node) else v
+                    for a, v in zip(n.args[1:], args[1:]))
             out = _RangeRecorder(body, self.low, self.ranges).run(*args[1:])
             return tuple(out) if isinstance(out, list) else out
         out = super().run_node(n)
@@ -59,23 +68,32 @@ class _RangeRecorder(fx.Interpreter):
         return out
 
 
-def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtype
-                  ) -> dict[fx.Node, ValueRange]:
+def record_ranges(gm: fx.GraphModule, batches: Iterable[object], low: torch.dtype,
+                  bodies: dict[str, tuple] | None = None) -> dict[fx.Node, ValueRange]:
     """Run ``gm`` (an fp32 graph) on each batch of inputs and return every float tensor node's
     range over all of them. Each run starts from one random state and leaves the buffers as it
-    found them (train-mode BatchNorm statistics, the caller's model), like verification's."""
+    found them (train-mode BatchNorm statistics, the caller's model), like verification's.
+    ``bodies``, if given, receives each region body's inputs on the first batch (the float8
+    check of a checkpointed body runs on them)."""
     ranges: dict[fx.Node, ValueRange] = {}
     signature = inspect.signature(gm.forward)
+    holders = list(gm.graph.find_nodes(op="placeholder"))
 
-    def run(inputs: object) -> None:
+    def bind(inputs: object) -> tuple:
         args, kwargs = split_inputs(inputs)
-        bound = signature.bind(*args, **kwargs).args
-        _RangeRecorder(gm, low, ranges).run(*(_fp32(a) for a in bound))
+        return signature.bind(*args, **kwargs).args
+
+    def run(inputs: object, keep: dict[str, tuple] | None = None,
+            params: dict[fx.Node, object] | None = None) -> None:
+        _RangeRecorder(gm, low, ranges, keep, params).run(*(_fp32(a) for a in bind(inputs)))
 
     with replayed(gm) as replay:
         for k, inputs in enumerate(batches):
             if k == 0:  # the example inputs the graph was captured on: a failure is a bug
-                replay(run, inputs)
+                # the Parameters as given (the replay runs on clones), for the bodies' inputs
+                params = {n: a for n, a in zip(holders, bind(inputs))
+                          if isinstance(a, torch.nn.Parameter)} if bodies is not None else None
+                replay(lambda i, p=params: run(i, bodies, p), inputs)
                 continue
             try:
                 replay(run, inputs)
@@ -170,7 +188,12 @@ class RecordRanges(Pass):
         batches = self._batches()
         if not batches:
             return False
-        named = by_name(record_ranges(gm, batches, low), gm)
+        # The float8 check of a checkpointed body (transform_bodies) runs on its inputs.
+        fp8 = self.policy is not None and self.policy.fp8 is not None
+        bodies: dict[str, tuple] | None = {} if fp8 else None
+        named = by_name(record_ranges(gm, batches, low, bodies), gm)
+        if bodies:
+            gm.meta[M.BODY_INPUTS_KEY] = bodies
         for name, r in (self.prior or {}).items():
             named[name] = widest(named.get(name), r)
         if self.reduce is not None:

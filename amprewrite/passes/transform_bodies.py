@@ -16,7 +16,7 @@ bodies: their bodies are called under conditions the passes do not model.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from torch import fx
 
@@ -39,11 +39,19 @@ class TransformBodies(Pass):
 
     name, kind = "transform_bodies", Kind.REWRITE
     writes = (M.FORCE,)
-    # (body, policy) -> the transformed body: the whole pipeline (set by passes.pipeline).
-    run_inner: Callable[[fx.GraphModule, object], fx.GraphModule] | None = None
+    # (body, policy, inputs, fp8_prior) -> the transformed body: the whole pipeline, its float8
+    # check run on ``inputs`` (set by passes.pipeline).
+    run_inner: Callable[..., fx.GraphModule] | None = None
+    # Set by passes.pipeline(...): float8 errors by qualified node name (``<body>.<node>``) the
+    # plan must also hold for (amprewrite.plans), as Float8Linears.prior.
+    fp8_prior: Mapping[str, tuple[float, float]] | None = None
+    reduce: Callable[..., dict] | None = None  # across ranks (amprewrite.plans.across_ranks)
 
     def run(self, gm: fx.GraphModule) -> bool:
         inner = dataclasses.replace(self.policy, keep_io_dtype=True)
+        # Each body's inputs on the example inputs (record_ranges keeps them with fp8): its
+        # float8 candidates are checked on them, as the outer graph's are on its own.
+        inputs = gm.meta.pop(M.BODY_INPUTS_KEY, {})
         changed = False
         for node in list(gm.graph.nodes):
             name = getattr(node.target, "__name__", "")
@@ -65,7 +73,14 @@ class TransformBodies(Pass):
                     inner_node.meta[M.MODULE_PATH] = node.meta.get(M.MODULE_PATH, "")
             report = Report(dtype=str(inner.dtype).replace("torch.", ""), capture="dynamo")
             body.meta[REPORT_KEY] = report
-            new_body = self.run_inner(body, inner)
+            prefix = str(body_ref.target)
+            prior = {k[len(prefix) + 1:]: v for k, v in (self.fp8_prior or {}).items()
+                     if k.startswith(prefix + ".")}
+            new_body = self.run_inner(body, inner, inputs.get(prefix), prior, self.reduce)
+            found = new_body.meta.get(M.FP8_ERRORS_KEY)
+            if found:  # by qualified name, in the outer graph's errors (amprewrite.plans)
+                errors = gm.meta.setdefault(M.FP8_ERRORS_KEY, {})
+                errors.update({f"{prefix}.{k}": v for k, v in found.items()})
             report.decisions = decisions_of(new_body, inner)
             if new_body is not body:
                 gm.set_submodule(str(body_ref.target), new_body)

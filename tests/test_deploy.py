@@ -125,6 +125,7 @@ def test_static_export_takes_only_the_example_sizes(models, tmp_path):
         torch.export.load(tmp_path / "net.pt2").module()(torch.randn(5, 3, 8, 8))
 
 
+@pytest.mark.slow  # AOTInductor compiles C++: 18 s at load
 def test_aoti_package_loads_and_matches_the_graph(tmp_path):
     """The one AOTInductor compile in the default suite (a tiny MLP: about 30 s on 2 cores)."""
     torch.manual_seed(0)

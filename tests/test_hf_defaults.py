@@ -277,7 +277,8 @@ print(sorted({m.split(".")[0] for m in sys.modules} & {"transformers", "amprewri
 """
 
 
-@pytest.mark.parametrize("name", ["bert", "llama", "t5"])
+@pytest.mark.parametrize("name", [pytest.param("bert", marks=pytest.mark.slow), "llama",
+                                  pytest.param("t5", marks=pytest.mark.slow)])
 def test_pt2_of_a_default_config_model_loads_in_a_process_that_imports_only_torch(name,
                                                                                    tmp_path):
     torch.manual_seed(0)

@@ -165,7 +165,8 @@ def test_check_runs_in_train_mode_and_says_so():
     assert "train mode" in notes[0]
 
 
-@pytest.mark.parametrize("name", ["gpt2", pytest.param("unet2d", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  for n in ("gpt2", "unet2d")])
 def test_real_model_captured_at_batch_1_runs_at_batch_4_and_another_size(name):
     model, inputs = getattr(zoo, name)()
     first = tuple(t[:1] for t in inputs)

@@ -66,7 +66,7 @@ def _check_equal_fwd_bwd(model, gm, t, idx):
     assert torch.equal(t1.grad, t2.grad)
 
 
-@pytest.mark.parametrize("b", [1, 2, 7, 64, 512])
+@pytest.mark.parametrize("b", [1, 2, 7, 64, pytest.param(512, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("form", FORMS)
 def test_batch_gather_family_is_rerolled_and_exact(form, b):
     model = _loop(form)

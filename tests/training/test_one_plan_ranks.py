@@ -55,7 +55,7 @@ def _worker(rank: int, world: int) -> dict:
             "mlp_codes": mlp_codes, "losses": run.losses}
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_every_rank_compiles_the_same_graph_and_stays_finite(tmp_path, world):
     runs = on_ranks(_worker, world, tmp_path)
     for r, run in enumerate(runs):

@@ -138,6 +138,7 @@ def four_ranks(tmp_path_factory):
     return on_ranks(_worker, 4, tmp_path_factory.mktemp("one_plan_tp"))
 
 
+@pytest.mark.slow  # 64 s at load (four ranks); TP stays in test_one_plan_ranks' float8 test
 @pytest.mark.parametrize("case", ["blocks", "llama"])
 def test_tp_checkpoint_compile_fsdp_on_a_2x2_mesh_matches_one_process(four_ranks, case):
     results = [run[case] for run in four_ranks]

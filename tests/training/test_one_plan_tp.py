@@ -4,7 +4,8 @@ FSDP2 on a 2x2 mesh of 4 gloo processes, trained and evaluated, against a single
 the same per-block plan on the same global batches.
 
 Two models: amprewrite.testing.scale's four pre-norm MLP blocks with block 2 past fp16's range
-(fp16), and a small LLaMA whose MLPs are tensor parallel (bf16). Each dp rank takes half of
+(fp16, torch's fully_shard), and a small LLaMA whose MLPs are tensor parallel (bf16, sharded
+by amprewrite.fully_shard: bf16 gathers over the dp dimension). Each dp rank takes half of
 the batch; the two tp ranks of a dp group take the same half.
 """
 
@@ -40,8 +41,10 @@ def _llama_data() -> torch.Tensor:
     return torch.randint(0, 128, (STEPS, BATCH, 16), generator=torch.Generator().manual_seed(1))
 
 
-def prepare(model, blocks, tp_plan: dict, options: dict, mesh=None):
-    """TP (with a mesh), checkpointing, the backend and FSDP2 per block; FSDP2 on the root."""
+def prepare(model, blocks, tp_plan: dict, options: dict, mesh=None, low=False):
+    """TP (with a mesh), checkpointing, the backend and FSDP2 per block; FSDP2 on the root.
+    ``low``: amprewrite.fully_shard in the plan's dtype (bf16 gathers), else torch's
+    fully_shard (fp32 gathers)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     import amprewrite  # noqa: F401  (registers the backend)
@@ -53,15 +56,22 @@ def prepare(model, blocks, tp_plan: dict, options: dict, mesh=None):
             parallelize_module(block, mesh["tp"], tp_plan)
         block = torch.compile(checkpoint_wrapper(block), backend="amprewrite", options=options)
         if mesh is not None:
-            from torch.distributed.fsdp import fully_shard
-
-            fully_shard(block, mesh=mesh["dp"])
+            _shard(block, mesh, low and options["dtype"])
         blocks[k] = block
     if mesh is not None:
+        _shard(model, mesh, low and options["dtype"])
+    return model
+
+
+def _shard(module, mesh, dtype) -> None:
+    if dtype:
+        import amprewrite
+
+        amprewrite.fully_shard(module, mesh=mesh["dp"], dtype=dtype)
+    else:
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(model, mesh=mesh["dp"])
-    return model
+        fully_shard(module, mesh=mesh["dp"])
 
 
 def _blocks_case(mesh=None):
@@ -81,7 +91,7 @@ def _llama_case(mesh=None):
     model = _llama()
     plan = {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel()}
-    prepare(model, model.model.layers, plan, {"dtype": "bf16", "inner": "eager"}, mesh)
+    prepare(model, model.model.layers, plan, {"dtype": "bf16", "inner": "eager"}, mesh, low=True)
     return model, lambda m, ids: m(input_ids=ids, labels=ids).loss
 
 
@@ -124,11 +134,15 @@ def _worker(rank: int, world: int) -> dict:
         torch._dynamo.reset()
         model, loss_fn = case(mesh)
         half = data[:, dp * BATCH // 2:(dp + 1) * BATCH // 2]
-        losses = _train(model, loss_fn, half, mean_over_dp)
+        from amprewrite.sharding import count_comm
+
+        with count_comm(model) as comm:
+            losses = _train(model, loss_fn, half, mean_over_dp)
         rep = amprewrite.report(model)
         out[name] = {"losses": torch.stack(losses),
                      "ranks": sorted({g.ranks for g in rep.graphs}),
-                     "blocks": sorted({b for g in rep.graphs for b in g.blocks})}
+                     "blocks": sorted({b for g in rep.graphs for b in g.blocks}),
+                     "all_gather": dict(comm.all_gather)}
     return out
 
 
@@ -158,3 +172,9 @@ def test_tp_checkpoint_compile_fsdp_on_a_2x2_mesh_matches_one_process(four_ranks
     torch.testing.assert_close(results[0]["losses"], single, rtol=2e-3, atol=0)
     if case == "blocks":
         assert results[0]["blocks"] == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+        assert set(results[0]["all_gather"]) == {torch.float32}  # torch's fully_shard
+    else:  # amprewrite.fully_shard of tensor-parallel blocks: gathered in bf16 over dp, but
+        # the root's final norm (fp32 in eager code): 32 floats, 4 forwards (3 steps, 1 eval)
+        gathered = results[0]["all_gather"]
+        assert set(gathered) == {torch.bfloat16, torch.float32}
+        assert gathered[torch.float32] == 32 * 4 * 4

@@ -228,11 +228,15 @@ class _GatherState:
     its linear in float8, float8 from the next forward on. Shared by the shard and the copies
     FSDP2 makes of it (padding)."""
 
-    def __init__(self, name: str, group: Any):
-        self.name, self.group = name, group  # group: the ranks holding a piece of the weight
+    def __init__(self, name: str, scales: _Scales):
+        self.name, self.scales = name, scales  # scales: shared by the weights of one group
         self.fsdp_param: Any = None  # torch's FSDPParam for this weight, set by fully_shard
         self.float8 = False
         self.version = -1
+
+    def shard(self) -> torch.Tensor:
+        """This rank's fp32 shard of the weight, as the optimizer last left it."""
+        return self.fsdp_param._sharded_local_tensor._tensor
 
     def update(self) -> None:
         """Follow the plans (on a change: a plan made, remade or assigned). Never in backward:
@@ -254,6 +258,35 @@ class _GatherState:
             self.fsdp_param.all_gather_outputs = []
 
 
+class _Scales:
+    """The float8 scales of one ``fully_shard`` group's weights (torchao's dynamic tensorwise
+    scale of each whole weight), made with one all-reduce for them all when a weight changed
+    since (the optimizer's in-place step bumps its version): once a step, as torchao's
+    ``precompute_float8_dynamic_scale_for_fsdp``, with no call to make; backward's gathers and
+    a checkpointed block's recompute reuse the forward's."""
+
+    def __init__(self, group: Any):
+        self.group = group  # the ranks holding pieces of the weights (None: every rank)
+        self.states: list[_GatherState] = []
+        self.versions: tuple[int, ...] = ()
+        self.scales: dict[int, torch.Tensor] = {}
+
+    def of(self, state: _GatherState) -> torch.Tensor:
+        import torch.distributed as dist
+
+        from . import float8 as f8
+
+        shards = [s.shard() for s in self.states]
+        versions = tuple(t._version for t in shards)
+        if versions != self.versions or id(state) not in self.scales:
+            amax = torch.stack([t.abs().max() if t.numel() else t.new_zeros(())
+                                for t in shards]).to(torch.float32)
+            dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.group)
+            self.scales = {id(s): f8.scale_of(a) for s, a in zip(self.states, amax)}
+            self.versions = versions
+        return self.scales[id(state)]
+
+
 _aten = torch.ops.aten
 # The ops FSDP2 pads, slices and moves a shard with: their outputs stay float8-gathered shards.
 _KEEP_WRAPPED = frozenset({
@@ -267,7 +300,8 @@ class Float8Gathered(torch.Tensor):
     float8 (FSDP2's ``fsdp_pre_all_gather``/``fsdp_post_all_gather`` extension; torchao's
     ``WeightWithDynamicFloat8CastTensor`` is the model). Before: gathered in the group's low
     dtype like any parameter. After: each rank sends its shard in e4m3 with one scale for the
-    whole weight (its amax, all-reduced across the ranks holding it), and the gathered weight is
+    whole weight (its amax across the ranks holding it; one all-reduce a step for all the
+    group's weights, :class:`_Scales`), and the gathered weight is
     dequantized into the low dtype the graph reads; the graph's float8 linear casts it back to
     the same e4m3 values (tests/training/test_sharding.py), with a scale within 2**-8 of the
     gathered one. Every other op sees the fp32 shard (the optimizer, the gradient)."""
@@ -312,8 +346,6 @@ class Float8Gathered(torch.Tensor):
         return f"Float8Gathered({self._state.name}, float8={self._state.float8}, {self._tensor})"
 
     def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
-        import torch.distributed as dist
-
         from . import float8 as f8
 
         self._state.update()
@@ -324,9 +356,7 @@ class Float8Gathered(torch.Tensor):
             shard = torch.cat([shard, shard.new_zeros(rows - shard.shape[0], *shard.shape[1:])])
         if not self._state.float8:
             return (shard.to(low),), None
-        amax = shard.abs().max().to(torch.float32)
-        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self._state.group)
-        scale = f8.scale_of(amax)
+        scale = self._state.scales.of(self._state)
         return (f8.to_e4m3(shard, scale),), scale
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
@@ -387,7 +417,7 @@ def _wrap_float8(module: nn.Module, plan: ShardingPlan, mesh: Any) -> list[_Gath
         import torch.distributed as dist
 
         mesh = init_device_mesh(_device_type(module), (dist.get_world_size(),))
-    group = _amax_group(mesh)
+    scales = _Scales(_amax_group(mesh))
     states = []
     by_clean = {_clean(n): n for n, _ in module.named_parameters()}
     for name in plan.float8():
@@ -395,10 +425,11 @@ def _wrap_float8(module: nn.Module, plan: ShardingPlan, mesh: Any) -> list[_Gath
         owner, _, attr = raw.rpartition(".")
         sub = module.get_submodule(owner)
         old = getattr(sub, attr)
-        state = _GatherState(name, group)
+        state = _GatherState(name, scales)
         setattr(sub, attr, nn.Parameter(Float8Gathered(old.detach(), state),
                                         requires_grad=old.requires_grad))
         states.append(state)
+    scales.states = states
     return states
 
 

@@ -288,17 +288,28 @@ def _float8_gathers(rank: int, world: int) -> list[dict]:
     opt = torch.optim.SGD(root.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)  # each rank its own batches
     steps = []
+    all_reduce, reduces = dist.all_reduce, []
+
+    def counted(*args, **kwargs):  # the float8 scales' all-reduces
+        reduces.append(1)
+        return all_reduce(*args, **kwargs)
+
     for _ in range(2):
         x = torch.randn(64, 64, generator=g)
-        with count_comm(root) as comm:
-            opt.zero_grad()
-            loss = root(x).float().pow(2).mean()
-            loss.backward()
-            opt.step()
+        reduces.clear()
+        dist.all_reduce = counted
+        try:
+            with count_comm(root) as comm:
+                opt.zero_grad()
+                loss = root(x).float().pow(2).mean()
+                loss.backward()
+                opt.step()
+        finally:
+            dist.all_reduce = all_reduce
         dist.all_reduce(loss := loss.detach())
         steps.append({"loss": loss.item() / world, "all_gather": dict(comm.all_gather),
                       "reduce_scatter": dict(comm.reduce_scatter),
-                      "float8": float8_gathers(root)})
+                      "float8": float8_gathers(root), "all_reduces": len(reduces)})
     return steps
 
 
@@ -321,6 +332,9 @@ def test_fully_shard_gathers_float8_the_weights_the_plan_runs_in_float8(tmp_path
     assert r0[1]["float8"] == ["0.1.weight", "0.3.weight", "1.1.weight", "1.3.weight"]
     assert r0[1]["all_gather"] == {torch.uint8: 2 * (n_weights + 2 * n_other)}
     assert sum(r0[1]["all_gather"].values()) <= 0.51 * 2 * 2 * (n_weights + n_other)
+    # The scales: one all-reduce per block for its two weights, in forward only (backward's
+    # gathers reuse them); none while gathering bf16.
+    assert (r0[0]["all_reduces"], r0[1]["all_reduces"]) == (0, 2)
     for step in r0:  # gradients reduce in fp32, every step
         assert step["reduce_scatter"] == {torch.float32: 4 * (n_weights + n_other)}
     # Against fp32 training of the same model on both ranks' batches: float8 linears train

@@ -105,9 +105,22 @@ class _DropoutMasksInFp32(TorchDispatchMode):
     ``dtype=torch.float32`` factory does in every run.
     """
 
+    # A higher-order op (FlexAttention's flex_attention, torchtitan's attention) reaches
+    # __torch_dispatch__ and runs as it is, the mode set aside for it (torch pops it): its
+    # subgraphs (score and mask functions) draw no dropout masks.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """torch.compile may run under this mode: it is off while dynamo compiles and on while
+        the compiled code runs (FlexAttention's eager call compiles its op; a mode that says
+        nothing makes dynamo refuse: "non-infra torch dispatch mode present")."""
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket not in MASK_DRAWS:
+        if isinstance(func, torch._ops.HigherOrderOperator) or (
+                func.overloadpacket not in MASK_DRAWS):
             return func(*args, **kwargs)
         return _in_fp32(func, args, kwargs)
 

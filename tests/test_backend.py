@@ -262,3 +262,40 @@ def test_checkpoint_region_bodies_run_low_with_fp32_boundaries(via):
         err, err_auto = rel_err(got, fp32), rel_err(by_autocast, fp32)
         assert 0.1 * err_auto <= err <= RATIO * err_auto + SLACK[torch.bfloat16], (what, err,
                                                                                     err_auto)
+
+
+def test_flex_attention_goes_through_transform_and_the_backend():
+    """FlexAttention (torchtitan's attention): its higher-order op passes the verification's
+    dropout-mask mode (which runs FlexAttention's own torch.compile call), stays fp32 as an
+    op amprewrite does not know, with the reason and the override in the report."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.qkv, self.out = nn.LayerNorm(64), nn.Linear(64, 192), nn.Linear(64, 64)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.norm(x)).view(b, s, 3, 4, 16).permute(2, 0, 3, 1, 4)
+
+            def causal(score, batch, head, i, j):
+                return torch.where(i >= j, score, -float("inf"))
+
+            y = flex_attention(q, k, v, score_mod=causal)
+            return x + self.out(y.transpose(1, 2).reshape(b, s, 64))
+
+    torch.manual_seed(0)
+    model, x = Attention().eval(), torch.randn(2, 32, 64)
+    with torch.no_grad():
+        ref = model(x)
+        gm = amprewrite.transform(model, torch.bfloat16, example_inputs=(x,))
+        (flex,) = [d for d in amprewrite.report(gm).decisions if d.node == "flex_attention"]
+        assert flex.precision == "fp32" and "allow_low=['node:flex_attention']" in flex.reason
+        assert {d.precision for d in amprewrite.report(gm).decisions
+                if d.target == "linear"} == {"low"}
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="amprewrite",
+                                 options={"dtype": "bf16", "inner": "eager"})
+        for y in (gm(x), compiled(x)):
+            assert float((y - ref).norm() / ref.norm()) < 2e-3  # bf16 linears: 5.5e-4 here

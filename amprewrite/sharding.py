@@ -47,7 +47,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import PolicyError
 from .ops import Precision, family_for_module
 from .policy import Policy, Selector
 from .ranges import declared_fp32
@@ -79,6 +78,7 @@ class ShardingPlan:
     compiled: bool
     params: dict[str, ParamShard] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    leaf: bool = False  # the module itself is an eager LOW leaf (a Linear sharded on its own)
 
     def float8(self) -> list[str]:
         """The parameters gathered in float8 once the plan runs their linear in float8."""
@@ -200,6 +200,7 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                                                f"{what} in the compiled graph{how}",
                                                float8 and why_not is None)
             elif leaf:
+                plan.leaf = plan.leaf or path == ""
                 how = ("rows cast up to fp32 after the lookup (output_dtype)"
                        if fam.name == "embedding" else
                        "inputs cast low, output cast up to fp32 by FSDP (cast_forward_inputs, "
@@ -438,26 +439,38 @@ def _device_type(module: nn.Module) -> str:
     return "cpu" if p is None or p.device.type == "meta" else p.device.type
 
 
-def _policy(param_dtype: torch.dtype | None, leaf: bool) -> Any:
+def _policy(param_dtype: torch.dtype | None, leaf: bool,
+            reduce_dtype: torch.dtype = torch.float32) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if leaf:  # the casts the plan puts around a LOW op, in FSDP's hooks
-        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+        return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                     output_dtype=torch.float32, cast_forward_inputs=True)
     # The graph casts (compiled) or there is nothing to cast (fp32): inputs as they come.
-    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32,
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                                 cast_forward_inputs=False)
 
 
-def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
+_LOW_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str | None = None,
                 keep_fp32: Iterable[Selector] = (), fp8: object = None,
-                **kwargs: Any) -> nn.Module:
+                **kwargs: Any) -> nn.Module | list[nn.Module]:
     """``torch.distributed.fsdp.fully_shard`` that gathers in ``dtype`` the parameters the
     precision plan reads low, and reduces gradients in fp32 into fp32 shards.
 
-    Takes ``fully_shard``'s keywords (``mesh``, ``reshard_after_forward``,
-    ``shard_placement_fn``, ``offload_policy``, ``ignored_params``); ``mp_policy`` is the
-    plan's and refused. ``fp8`` (the backend's ``fp8`` option, tensorwise): a compiled block's
+    Takes ``fully_shard``'s arguments (``mesh``, ``reshard_after_forward``,
+    ``shard_placement_fn``, ``offload_policy``, ``ignored_params``, ``mp_policy``), so a call
+    written for torch's (torchtitan's) works unchanged. ``dtype`` is the plan's low dtype
+    (default bf16; else ``mp_policy.param_dtype`` where that is bf16 or fp16): the policy's
+    ``param_dtype`` becomes the dtype of the parameters the plan reads low, its
+    ``reduce_dtype`` is kept (fp32 where it is None), and the casts of inputs and outputs are
+    the plan's (``output_dtype``, ``cast_forward_inputs`` of the policy are not used). An
+    ``mp_policy`` without a low ``param_dtype`` (fp32 training) is handed to torch's
+    ``fully_shard`` as it is. A list of modules is sharded one module at a time (FSDP2 would
+    make them one group, which holds one dtype). ``fp8`` (the backend's ``fp8`` option,
+    tensorwise): a compiled block's
     Linear weights are :class:`Float8Gathered`, gathered in float8 from the first forward after
     the plan runs their linear in float8 (:func:`float8_gathers` names them).
 
@@ -484,11 +497,19 @@ def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
     """
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
-    if "mp_policy" in kwargs:
-        raise PolicyError(
-            "amprewrite.fully_shard sets FSDP2's MixedPrecisionPolicy from the precision plan "
-            "(low gathers where low ops read, fp32 reductions); pass dtype= and keep_fp32= "
-            "instead of mp_policy, or call torch.distributed.fsdp.fully_shard directly.")
+    if isinstance(module, (list, tuple)):
+        return [fully_shard(m, dtype=dtype, keep_fp32=keep_fp32, fp8=fp8, **kwargs)
+                for m in module]
+    given = kwargs.pop("mp_policy", None)
+    reduce_dtype = torch.float32
+    if given is not None:
+        if given.param_dtype not in _LOW_DTYPES and dtype is None:
+            # fp32 training (or a policy amprewrite has no plan for): torch's, as asked
+            return torch_fully_shard(module, mp_policy=given, **kwargs)
+        dtype = dtype if dtype is not None else given.param_dtype
+        reduce_dtype = given.reduce_dtype or torch.float32
+    if dtype is None:
+        dtype = torch.bfloat16
     plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8)
     for note in plan.notes:
         warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
@@ -498,15 +519,18 @@ def fully_shard(module: nn.Module, *, dtype: torch.dtype | str = torch.bfloat16,
     # in backward, which the module's own group (the root's: not resharded) does not.
     leaf_kwargs = {"reshard_after_forward": False, **kwargs}
     for path in sorted(leaves):
-        torch_fully_shard(module.get_submodule(path), mp_policy=_policy(plan.dtype, True),
-                          **leaf_kwargs)
+        torch_fully_shard(module.get_submodule(path),
+                          mp_policy=_policy(plan.dtype, True, reduce_dtype), **leaf_kwargs)
     rest = {p.dtype for p in plan.params.values() if not p.group}
     if plan.compiled and torch.float32 in rest:
         warnings.warn(f"amprewrite.fully_shard gathers this compiled module in fp32: "
                       f"{next(p.reason for p in plan.params.values() if not p.group)}",
                       stacklevel=2)
     low = plan.dtype if rest == {plan.dtype} else None
-    sharded = torch_fully_shard(module, mp_policy=_policy(low, False), **kwargs)
+    # A Linear or Embedding sharded on its own (torchtitan shards [norm, head] as a list) is a
+    # leaf too: FSDP's hooks make its casts.
+    sharded = torch_fully_shard(module, mp_policy=_policy(low, plan.leaf and low is not None,
+                                                          reduce_dtype), **kwargs)
     if states:
         by_state = {}
         for fsdp_param in _fsdp_params(module):

@@ -30,6 +30,23 @@ def _amprewrite_recipe(model):
     return model
 
 
+def _torchtitan_calls(model):
+    """The calls torchtitan's apply_fsdp makes, with amprewrite.fully_shard in place of torch's:
+    its MixedPrecisionPolicy, and the final norm and head sharded as one list."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import amprewrite
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    prepare(model, shard=False)
+    for block in model.model.layers.children():
+        amprewrite.fully_shard(block, mp_policy=policy, reshard_after_forward=True)
+    amprewrite.fully_shard([model.model.norm, model.lm_head], mp_policy=policy,
+                           reshard_after_forward=False)
+    amprewrite.fully_shard(model, mp_policy=policy)
+    return model
+
+
 def _run(model, batches):
     from amprewrite.sharding import count_comm
 
@@ -46,9 +63,10 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: int) -> 
 
         batches = _data()[:steps, rank::world]
         out = {}
-        for recipe in ("fp32", "amprewrite"):
+        for recipe in ("fp32", "amprewrite", "torchtitan calls"):
             model = (prepare(_model(), shard=True) if recipe == "fp32"
-                     else _amprewrite_recipe(_model()))
+                     else _amprewrite_recipe(_model()) if recipe == "amprewrite"
+                     else _torchtitan_calls(_model()))
             seen: dict[str, tuple] = {}
             if recipe == "amprewrite":  # what eager code reads: the root's norm and head
                 def norm_hook(m, i, o, seen=seen):
@@ -178,15 +196,16 @@ def test_sharding_plan_agrees_with_the_backend_plan():
     assert low == {"linear (low)": 7, "other": 2}  # q k v o gate up down; two RMSNorm scales
 
 
-def test_fully_shard_refuses_mp_policy():
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    import amprewrite
-    from amprewrite.errors import PolicyError
-
-    with pytest.raises(PolicyError, match="mp_policy"):
-        amprewrite.fully_shard(torch.nn.Linear(2, 2),
-                               mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+def test_torchtitans_calls_shard_as_the_plan_does(two_ranks):
+    """torchtitan's apply_fsdp calls (an mp_policy with param_dtype bf16 and reduce_dtype
+    fp32; a list [norm, head]) made on amprewrite.fully_shard gather and reduce what
+    dtype=torch.bfloat16 does, and train the same, bit for bit."""
+    for r in two_ranks:
+        ours, theirs = r["amprewrite"], r["torchtitan calls"]
+        assert theirs["all_gather"] == ours["all_gather"]
+        assert theirs["reduce_scatter"] == ours["reduce_scatter"]
+        assert theirs["params"] == ours["params"] and theirs["sharded"]
+        assert torch.equal(theirs["losses"], ours["losses"])
 
 
 def _float8_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
@@ -404,3 +423,6 @@ def test_sharding_plan_names_the_weights_it_may_gather_in_float8():
     assert rowwise.float8() == [] and "tensorwise only" in rowwise.notes[0]
     assert sharding_plan(block(), "bf16", fp8=True).float8() == []
     assert sharding_plan(compiled, "bf16").float8() == []
+    # A Linear sharded on its own (torchtitan's [norm, lm_head]) is a leaf: FSDP casts for it
+    assert sharding_plan(nn.Linear(8, 16), "bf16").leaf
+    assert not sharding_plan(nn.LayerNorm(8), "bf16").leaf and not plan.leaf

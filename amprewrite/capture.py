@@ -768,10 +768,12 @@ def _register_hf_caches(model: nn.Module) -> None:
     ``Cache`` subclass and the model's own ``*Cache`` classes) with torch's pytree, so the graph
     can return the cache a model returns with ``use_cache=True``, its default. The registration
     is transformers' own (``transformers.exporters``, what its ``DynamoExporter`` does before
-    ``torch.export``); what it adds is scoped like the output dataclasses, released with the last
-    graph returning it. Nothing happens for a model without transformers modules, or with a
-    transformers that has no ``exporters`` (before 5.2x; its caches then fail capture, with
-    advice)."""
+    ``torch.export``), and it stays, as transformers leaves it: transformers registers only what
+    is not registered yet, so a program its exporter made while amprewrite's registration held
+    would lose its cache type when amprewrite released it (``ep.module()(...)`` then raised
+    ``KeyError: DynamicCache``). Nothing happens for a model without transformers modules, or
+    with a transformers that has no ``exporters`` (before 5.2x; its caches then fail capture,
+    with advice)."""
     if "transformers" not in sys.modules:
         return
     owners = {type(m).__module__: m for m in model.modules()
@@ -782,11 +784,8 @@ def _register_hf_caches(model: nn.Module) -> None:
         from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
     except ImportError:
         return
-    before = set(pytree.SUPPORTED_NODES)
     for module in owners.values():  # each modeling file's own cache classes
         register_cache_pytrees_for_model(module)
-    for cls in set(pytree.SUPPORTED_NODES) - before:
-        REGISTERED_OUTPUTS.setdefault(cls, 0)
 
 
 # Containers torch's pytree knows itself (namedtuples and dataclasses aside).

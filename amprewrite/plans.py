@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from .meta import FLOAT8, FP8_ERRORS_KEY, RANGES_KEY, REPORT_KEY
+from .meta import CAST, FLOAT8, FP8_ERRORS_KEY, RANGES_KEY, REPORT_KEY
 from .ranges import (
     TINY_SHARE,
     ValueRange,
@@ -43,6 +43,7 @@ from .report import COMPILED_LOOKUPS, CompiledReport, GraphReport, PlanEvent, Re
 
 __all__ = ["CompiledReport", "GraphPlan", "GraphReport", "PlanEvent", "across_ranks",
            "compiled_report", "copy_graph", "count_step", "distributed", "float8_parameters",
+           "fsdp_params",
            "mark_overflow", "outgrown", "plans_of", "plans_version"]
 
 
@@ -355,7 +356,7 @@ def _float8_nodes(gm: fx.GraphModule) -> frozenset[str]:
 def _float8_weights(gm: fx.GraphModule) -> frozenset[int]:
     """The indices of ``gm``'s placeholders that a float8 linear reads as its weight (through
     the plan's casts, and into checkpointed and wrapped bodies)."""
-    from . import meta as M
+    from .passes.record_ranges import _body
 
     def inputs(g: fx.GraphModule, outer: list[object]) -> set[int]:
         found: set[int] = set()
@@ -364,16 +365,13 @@ def _float8_weights(gm: fx.GraphModule) -> frozenset[int]:
         for n in g.graph.nodes:
             if str(n.meta.get(FLOAT8, "")).startswith("fp8") and len(n.args) > 1:
                 w = n.args[1]
-                while isinstance(w, fx.Node) and M.CAST in w.meta and w.args:
+                while isinstance(w, fx.Node) and CAST in w.meta and w.args:
                     w = w.args[0]
                 if w in place and place[w] is not None:
                     found.add(place[w])  # type: ignore[arg-type]
-            elif (n.op == "call_function" and n.args and isinstance(n.args[0], fx.Node)
-                  and n.args[0].op == "get_attr"):
-                body = getattr(g, str(n.args[0].target), None)
-                if isinstance(body, fx.GraphModule):  # a HOP: its operands are the body's inputs
-                    found |= inputs(body, [place.get(a) if isinstance(a, fx.Node) else None
-                                           for a in n.args[1:]])
+            elif (body := _body(g, n)) is not None:  # its operands are the body's inputs
+                found |= inputs(body, [place.get(a) if isinstance(a, fx.Node) else None
+                                       for a in n.args[1:]])
         return found
 
     return frozenset(inputs(gm, list(range(len(gm.graph.find_nodes(op="placeholder"))))))
@@ -422,14 +420,20 @@ _WRAPPERS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped
                        "module"})
 
 
+def fsdp_params(module: nn.Module) -> list[object]:
+    """torch's ``FSDPParam`` objects of ``module``'s own ``fully_shard`` group (FSDP2 internals,
+    torch 2.13), none for a module not sharded."""
+    state = getattr(module, "_get_fsdp_state", None)
+    group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+    return list(getattr(group, "fsdp_params", ()))
+
+
 def _parameter_names(module: nn.Module) -> dict[int, str]:
     """``id`` -> name of ``module``'s parameters, and of the unsharded parameters FSDP2 hands
     its graphs in their place (a sharded module's ``parameters()`` are the shards)."""
     names = {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
     for sub in module.modules():
-        state = getattr(sub, "_get_fsdp_state", None)
-        group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
-        for fsdp_param in getattr(group, "fsdp_params", ()):  # torch's FSDP2 internals
+        for fsdp_param in fsdp_params(sub):
             name = names.get(id(getattr(fsdp_param, "sharded_param", None)))
             unsharded = getattr(fsdp_param, "_unsharded_param", None)
             if name is not None and unsharded is not None:

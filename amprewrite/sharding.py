@@ -400,25 +400,11 @@ def float8_gathers(module: nn.Module) -> list[str]:
     return out
 
 
-def _amax_group(mesh: Any) -> Any:
-    """The process group of the ranks ``mesh`` spans (None: every rank)."""
-    import torch.distributed as dist
-
-    ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
-    if ranks == list(range(dist.get_world_size())):
-        return None
-    return dist.new_group(ranks)
-
-
 def _wrap_float8(module: nn.Module, plan: ShardingPlan, mesh: Any) -> list[_GatherState]:
     """Each float8-candidate weight of ``plan`` made a :class:`Float8Gathered` parameter."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if mesh is None:
-        import torch.distributed as dist
-
-        mesh = init_device_mesh(_device_type(module), (dist.get_world_size(),))
-    scales = _Scales(_amax_group(mesh))
+    # The ranks holding pieces of a weight: FSDP's shard dimension (the last, with a replicate
+    # dimension in front: its replicas hold the same values); every rank without a mesh.
+    scales = _Scales(None if mesh is None else mesh.get_group(mesh.ndim - 1))
     states = []
     by_clean = {_clean(n): n for n, _ in module.named_parameters()}
     for name in plan.float8():
@@ -432,11 +418,6 @@ def _wrap_float8(module: nn.Module, plan: ShardingPlan, mesh: Any) -> list[_Gath
         states.append(state)
     scales.states = states
     return states
-
-
-def _device_type(module: nn.Module) -> str:
-    p = next(module.parameters(), None)
-    return "cpu" if p is None or p.device.type == "meta" else p.device.type
 
 
 def _policy(param_dtype: torch.dtype | None, leaf: bool,
@@ -533,7 +514,9 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
                                                           reduce_dtype), **kwargs)
     if states:
         by_state = {}
-        for fsdp_param in _fsdp_params(module):
+        from .plans import fsdp_params
+
+        for fsdp_param in fsdp_params(module):
             local = getattr(fsdp_param, "_sharded_local_tensor", None)
             if isinstance(local, Float8Gathered):
                 by_state[id(local._state)] = fsdp_param
@@ -541,13 +524,6 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
             state.fsdp_param = by_state[id(state)]
         sharded.set_custom_all_gather(_byte_gather())  # gloo has no float8 dtype
     return sharded
-
-
-def _fsdp_params(module: nn.Module) -> list[Any]:
-    """torch's FSDPParams of ``module``'s own ``fully_shard`` group (FSDP2 internals)."""
-    state = getattr(module, "_get_fsdp_state", None)
-    group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
-    return list(getattr(group, "fsdp_params", ()))
 
 
 @dataclass

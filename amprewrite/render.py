@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -105,7 +107,7 @@ class SvgRender:
             try:
                 proc = subprocess.Popen([exe or "dot", "-Tsvg"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
+                                        text=True, start_new_session=os.name == "posix")
             except FileNotFoundError:
                 self.results[name].problem = missing
                 continue
@@ -137,8 +139,7 @@ class SvgRender:
         for name, proc in self._procs.items():
             result = self.results[name]
             if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+                _kill(proc)
                 result.problem = (f"dot timed out after {self.timeout:g} s on a graph of "
                                   f"{result.nodes} nodes; raise --render-timeout")
         for thread in self._threads:
@@ -160,7 +161,20 @@ class SvgRender:
         """Kill the renders still running (Ctrl-C)."""
         for proc in self._procs.values():
             if proc.poll() is None:
-                proc.kill()
+                _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill a render and whatever it started: a ``dot`` that is a wrapper script leaves a child
+    holding the output pipes open, and reading them would wait for that child."""
+    if os.name == "posix":
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is the render's
+        except ProcessLookupError:
+            pass
+    else:
+        proc.kill()
+    proc.wait()
 
 
 def _communicate(proc: subprocess.Popen, source: str) -> tuple[str, str]:

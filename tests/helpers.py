@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 
 import torch
 from torch import fx, nn
@@ -292,3 +296,16 @@ def run_cli(capsys, *args: object) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def cli_process(*args: object, cwd=None) -> subprocess.Popen:
+    """``python -m amprewrite.cli ARGS`` in a process of its own, pipes for stdout and stderr,
+    started as a terminal starts it: Ctrl-C (SIGINT) raises KeyboardInterrupt there. A process
+    that ignores SIGINT passes that on to what it starts (POSIX; pytest-xdist's workers ignore
+    it), and Python then never turns SIGINT into KeyboardInterrupt."""
+    def terminal_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    return subprocess.Popen([sys.executable, "-m", "amprewrite.cli", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            preexec_fn=terminal_sigint if os.name == "posix" else None)

@@ -16,7 +16,7 @@ import torch
 import amprewrite
 from amprewrite import cli
 
-from .helpers import run_cli
+from .helpers import cli_process, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
@@ -188,8 +188,7 @@ def test_importing_the_cli_imports_no_torch():
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
 def test_ctrl_c_while_torch_loads_is_one_line_and_130():
-    proc = subprocess.Popen([sys.executable, "-m", "amprewrite.cli", "check", f"{MODELS}:demo"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = cli_process("check", f"{MODELS}:demo", cwd=ROOT)
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 60
     while "libtorch" not in maps.read_text() and time.monotonic() < deadline:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import cli
+from amprewrite import cli, render
 
-from .helpers import run_cli
+from .helpers import cli_process, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
@@ -157,6 +157,27 @@ def test_svg_timeout_names_the_time_and_the_graph_size(capsys, tmp_path, monkeyp
     assert "index.html" not in out  # none was written, so none is offered
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc/PID/stat")
+def test_a_stopped_render_stops_what_dot_started(tmp_path):
+    # A `dot` that is a wrapper script: killing the script alone left its child holding the
+    # output pipes, and the render waited 5 s per file for them (the test above took 11 s).
+    pids = tmp_path / "pids"
+    fake_dot(tmp_path, f"sleep 30 & echo $! >> {pids}; wait")
+    dot = str(tmp_path / "bin" / "dot")
+    job = render.SvgRender({"a.svg": ("digraph {}", 1), "b.svg": ("digraph {}", 1)},
+                           timeout=0.5, dot=dot)
+    while len(pids.read_text().split() if pids.exists() else []) < 2:
+        time.sleep(0.01)  # both wrappers have started their child
+    results = job.wait()
+    assert [r.problem for r in results] == [
+        "dot timed out after 0.5 s on a graph of 1 nodes; raise --render-timeout"] * 2
+    for pid in pids.read_text().split():
+        stat = Path(f"/proc/{pid}/stat")
+        # gone, or a zombie waiting for its new parent to reap it
+        assert not stat.exists() or stat.read_text().split(") ")[1][0] == "Z", pid
+    assert all(not t.is_alive() for t in job._threads)  # their pipes were closed
+
+
 def test_svg_without_dot_is_refused_before_any_work(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no dot here
     code, out, err = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path / "out",
@@ -246,8 +267,7 @@ def test_dumps_explore_command_keeps_the_options_it_was_run_with(capsys, tmp_pat
 # 5. Ctrl-C: one line, status 130 -------------------------------------------------------------
 
 def test_ctrl_c_prints_one_line_and_exits_130():
-    proc = subprocess.Popen([sys.executable, "-m", "amprewrite.cli", "check", f"{MODELS}:demo"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = cli_process("check", f"{MODELS}:demo", cwd=ROOT)
     lines = []
     for line in proc.stderr:  # wait until the model work has started
         lines.append(line)

@@ -124,6 +124,15 @@ def test_readme_demo_command_installs_no_extras():
         'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest')
 
 
+def test_ci_runs_exactly_the_readmes_test_command():
+    """.ci/run installs what the README's test command installs, then runs that command."""
+    readme = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[1]
+    command = readme.split("#")[0].split(" && ")[-1].strip()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci[-1] == command
+    assert 'python -m pip install -q -e ".[test]"' in ci
+
+
 def test_readme_says_the_browser_tests_skip_without_chromium(monkeypatch):
     """Issue 47, item 11: tests/browser.py skips them without a browser, and says how to
     install one; the README says so, with the same command."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import gc
+import threading
 import time
 import warnings
 import weakref
@@ -164,6 +167,45 @@ def _items(value: object, name: str) -> Iterable[Selector]:
     return value
 
 
+_GC_LOCK = threading.Lock()
+_gc_depth = 0
+
+
+@contextlib.contextmanager
+def older_objects_not_collected():
+    """While a transform runs, the garbage collector leaves alone the objects that were there
+    before it (``gc.freeze``), and they go back as they were after (``gc.unfreeze``).
+
+    A capture makes hundreds of thousands of objects (dynamo's trace, fake tensors, fx nodes);
+    each full collection they set off also walked every object the process had before:
+    torch's and transformers' modules, the model. That was 0.45 of the 5.0 s of a first
+    transform of the zoo's Swin (0.08 s with them left alone; docs/benchmarks.md). (The passes
+    pause the collector altogether: :func:`amprewrite.passes.run_pipeline`.) Cycles
+    among the older objects are collected after the transform instead of during it. Nested
+    and concurrent transforms freeze once; a process that froze objects itself (``gc.freeze``
+    before forking workers) or turned the collector off is left as it is.
+
+    >>> import gc
+    >>> with older_objects_not_collected():
+    ...     frozen = gc.get_freeze_count() > 0
+    >>> frozen, gc.get_freeze_count()
+    (True, 0)
+    """
+    global _gc_depth
+    with _GC_LOCK:
+        mine = _gc_depth == 0 and gc.isenabled() and gc.get_freeze_count() == 0
+        _gc_depth += 1
+        if mine:
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _GC_LOCK:
+            _gc_depth -= 1
+            if mine:
+                gc.unfreeze()
+
+
 def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Policy,
                    example_inputs: object = None, on_pass=None, advise: bool = True
                    ) -> fx.GraphModule | torch.export.ExportedProgram:
@@ -171,6 +213,13 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
 
     ``advise``: when verification fails, transform again to find ``keep_fp32`` advice that
     passes (the error's ``keep_fp32``)."""
+    with older_objects_not_collected():
+        return _transform_with(model, policy, example_inputs, on_pass, advise)
+
+
+def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Policy,
+                    example_inputs: object, on_pass, advise: bool
+                    ) -> fx.GraphModule | torch.export.ExportedProgram:
     if is_exported_program(model):
         return _transform_program(model, policy, example_inputs, on_pass)
     _check_model(model)

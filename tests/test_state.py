@@ -207,3 +207,33 @@ def test_a_failed_capture_leaves_dynamos_state_as_it_was():
     after = (_dynamo_state(model), len(weakref.finalize._registry))
     assert after[0] == before[0]
     assert after[1] <= before[1]
+
+
+def test_the_capture_leaves_older_objects_to_the_collector_after_it(monkeypatch):
+    """During the capture, objects from before the transform are frozen (a full collection set
+    off by the capture's objects skipped them); after it the process's collector is as it was,
+    and a process that froze objects itself keeps them frozen."""
+    from amprewrite import api
+
+    seen = []
+    real = api.capture
+
+    def watched(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "capture", watched)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1))
+    amprewrite.transform(model, example_inputs=(torch.randn(2, 4),))
+    assert seen[0] > 1000 and gc.get_freeze_count() == 0 and gc.isenabled()
+
+    gc.freeze()  # the process's own freeze (before forking workers, say)
+    try:
+        mine = gc.get_freeze_count()  # it only shrinks as frozen objects are freed
+        amprewrite.transform(model, example_inputs=(torch.randn(2, 4),))
+        assert mine - 1000 < seen[1] <= mine and 0 < gc.get_freeze_count() <= seen[1]
+    finally:
+        gc.unfreeze()
+    with pytest.raises(amprewrite.errors.CaptureError):  # a failed transform unfreezes too
+        amprewrite.transform(nn.Linear(4, 4), example_inputs=(torch.randn(2, 5),))
+    assert gc.get_freeze_count() == 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import fx
 
-from .report import text_table
+from .report import NAME_CAPS, text_table
 from .views import graph_view
 
 __all__ = ["COLORS", "Rendered", "SvgRender", "color", "node_table", "to_dot", "to_svg"]
@@ -38,9 +38,10 @@ def color(precision: str, rewritten: bool = False) -> str:
 def node_table(gm: fx.GraphModule, rewritten: set[str] = frozenset()) -> str:
     """One aligned text row per node: name, op, target, module, family, class, dtype, reason.
 
-    Columns are as wide as their longest entry, so every name is whole (grep finds it); a
-    column empty in every row (family, class and reason of a graph before the passes) is left
-    out.
+    Columns are as wide as their longest entry (names, module paths and families up to
+    :data:`~amprewrite.report.NAME_CAPS`; a longer one pushes the rest of its row right), so
+    every name is whole (grep finds it); a column empty in every row (family, class and
+    reason of a graph before the passes) is left out.
     """
     cols = ["name", "op", "target", "module", "family", "precision", "dtype", "reason"]
     head = [*cols[:5], "class", "dtype", "reason"]
@@ -48,7 +49,9 @@ def node_table(gm: fx.GraphModule, rewritten: set[str] = frozenset()) -> str:
     rows = [[str(getattr(v, "dtypes" if c == "dtype" else c) or "") for c in cols]
             for v in view.nodes]
     keep = [i for i in range(len(cols)) if i == 0 or any(r[i] for r in rows)]
-    return text_table([[head[i] for i in keep]] + [[r[i] or "-" for i in keep] for r in rows])
+    caps = {0: NAME_CAPS[0], 3: NAME_CAPS[1], 4: NAME_CAPS[2]}  # name, module, family
+    return text_table([[head[i] for i in keep]] + [[r[i] or "-" for i in keep] for r in rows],
+                      caps=[caps.get(i) for i in keep])
 
 
 def to_dot(gm: fx.GraphModule, title: str, rewritten: set[str] = frozenset()) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -93,7 +94,7 @@ class Report:
             shown = [] if not ranges else ["-" if d.range is None else _range_cell(d.range)]
             rows.append([d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
                          *shown, d.reason])
-        return text_table(rows)
+        return text_table(rows, caps=NAME_CAPS)
 
     def __str__(self) -> str:
         counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
@@ -124,17 +125,47 @@ def _range_cell(r: ValueRange) -> str:
     return cell + (f" ({r.tiny_share:.0%} subnormal)" if r.tiny_share >= 0.01 else "")
 
 
-def text_table(rows: list[list[str]]) -> str:
+# How wide the node, module and family columns of a report's table grow: every node name of
+# the zoo's models but the parameters' (dynamo names them after their path: up to 127
+# characters on a UNet) fits in 32; a longer entry pushes the rest of its row right
+# (text_table), as a scaled_dot_product_attention does past 20.
+NAME_CAPS = (32, 40, 20)
+
+
+def text_table(rows: list[list[str]], caps: Sequence[int | None] = ()) -> str:
     """Rows as aligned columns two spaces apart, each as wide as its longest entry; the last
     column is not padded. Nothing is cut, so a grep for a full node name finds its row.
+
+    ``caps[i]``: column ``i`` is only as wide as its longest entry of at most that many
+    characters. A longer entry is written whole and pushes the rest of its row right, which
+    lines up again at the first column it reaches in time: a few 80-character parameter names
+    do not widen the column of every other row.
 
     >>> print(text_table([["node", "class"], ["a_long_node_name", "low"]]))
     node              class
     a_long_node_name  low
+    >>> print(text_table([["node", "class", "dtype"], ["add", "low", "bf16"],
+    ...                   ["a_very_long_parameter_name", "param", "fp32"]], caps=[8]))
+    node  class  dtype
+    add   low    bf16
+    a_very_long_parameter_name  param  fp32
     """
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip()
-                     for r in rows)
+    last = len(rows[0]) - 1
+    widths = []
+    for i in range(last):
+        cap = caps[i] if i < len(caps) else None
+        fitting = [len(r[i]) for r in rows if cap is None or len(r[i]) <= cap]
+        widths.append(max(fitting, default=cap or 0))
+    starts = [sum(widths[:i]) + 2 * i for i in range(last + 1)]
+    lines = []
+    for r in rows:
+        line = ""
+        for i, cell in enumerate(r):
+            if i:
+                line += " " * max(2, starts[i] - len(line))
+            line += cell
+        lines.append(line.rstrip())
+    return "\n".join(lines)
 
 
 def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:

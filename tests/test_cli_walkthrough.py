@@ -348,6 +348,27 @@ def test_text_dumps_keep_whole_names_and_drop_empty_columns(capsys, tmp_path, ta
     assert head == ["name", "op", "target", "module", "dtype"]
 
 
+def test_a_hf_reports_columns_stay_narrow_and_every_name_stays_whole():
+    """Issue 47, item 11: dynamo names a parameter after its path (60 characters on the zoo's
+    BERT, 127 on its UNet), and the report's node column was as wide on every row."""
+    from amprewrite.testing import zoo
+
+    model, inputs = zoo.bert()
+    rep = amprewrite.report(amprewrite.transform(model, dtype=torch.bfloat16,
+                                                 example_inputs=inputs))
+    head, *lines = rep.table().splitlines()
+    rows = [d for d in rep.decisions if d.precision != "nonfloat"]
+    assert len(lines) == len(rows) and any(len(d.node) > 50 for d in rows)
+    assert head.index("module") == 2 + max(len(d.node) for d in rows if len(d.node) <= 32)
+    at = head.index("class")
+    for d, line in zip(rows, lines):
+        assert line.startswith(d.node + "  ")  # whole: a grep for the name finds its row
+        if len(d.node) <= 32 and len(d.module_path) <= 40 and len(d.family or "") <= 20:
+            assert line[at:].split()[0] == d.precision, line  # lined up
+        else:
+            assert line.split()[3] == d.precision, line  # pushed right, two spaces apart
+
+
 def test_one_file_is_one_file(capsys, tmp_path):
     code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path, "--format",
                            "html")

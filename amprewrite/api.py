@@ -16,8 +16,8 @@ import torch
 from torch import fx, nn
 
 from . import meta as M
-from .capture import capture
-from .errors import ModelError, NotVerifiedWarning, PolicyError, VerificationError
+from .capture import capture, eager_failure
+from .errors import ModelError, NotVerifiedWarning, PassError, PolicyError, VerificationError
 from .exported import export_again, exported_mode, is_exported_program, program_inputs
 from .graphmodule import DynamoGraphModule, sources_die_with_code
 from .ops import FAMILIES
@@ -248,6 +248,13 @@ def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Pol
             if not advise or exc.result is None:
                 raise
             raise _with_working_advice(exc, model, policy, example_inputs) from None
+        except PassError:
+            # The first real run of the graph is in the passes: values a capture on fake
+            # tensors never checks (a token id past the vocabulary) fail there.
+            own = eager_failure(model, example_inputs) if example_inputs is not None else None
+            if own is not None:
+                raise own from None
+            raise
     rep.decisions = decisions_of(gm, policy)
     rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:

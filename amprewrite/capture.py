@@ -58,7 +58,7 @@ from .progress import quiet_loggers
 from .report import POLICY_KEY, REPORT_KEY
 from .shapes import BATCH, InputGuard, capture_spec, flat_inputs
 
-__all__ = ["Capture", "annotate_dynamo_graph", "capture", "split_inputs"]
+__all__ = ["Capture", "annotate_dynamo_graph", "capture", "eager_failure", "split_inputs"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OWN_DIR = os.path.dirname(__file__)
@@ -190,11 +190,7 @@ def _with_inputs(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
     if src is None:
         failure, out = _eager_run(model, args, kwargs)
         if failure is not None:
-            raise CaptureError(
-                f"{type(model).__name__} fails on the given example_inputs even without "
-                f"amprewrite: {failure}. Fix the model or the inputs; model(*example_inputs) must "
-                "run in fp32."
-            ) from None
+            raise fails_without_amprewrite(model, kwargs, failure) from None
         if _register_output_dataclasses(out):
             try:
                 src = run(model, args, kwargs, spec)
@@ -723,6 +719,25 @@ def _leaves(value: object, depth: int = 0) -> list[object]:
     else:
         return [value]
     return [leaf for child in children for leaf in _leaves(child, depth + 1)]
+
+
+def fails_without_amprewrite(model: nn.Module, kwargs: dict, failure: str) -> CaptureError:
+    """The error for example inputs the fp32 model itself fails on (``failure``: why, as
+    :func:`eager_failure` says it)."""
+    call = "model(**example_inputs)" if kwargs else "model(*example_inputs)"
+    return CaptureError(f"{type(model).__name__} fails on the given example_inputs even without "
+                        f"amprewrite: {failure}. Fix the model or the inputs; {call} must run in "
+                        "fp32.")
+
+
+def eager_failure(model: nn.Module, example_inputs: object) -> CaptureError | None:
+    """:func:`fails_without_amprewrite`'s error when the fp32 model fails on
+    ``example_inputs`` (run on a copy: no state changes), else None. A capture runs the model
+    on fake tensors, which do not check values: an embedding index out of range fails only at
+    the first real run, in the passes."""
+    args, kwargs = split_inputs(example_inputs)
+    failure, _ = _eager_run(model, args, kwargs)
+    return None if failure is None else fails_without_amprewrite(model, kwargs, failure)
 
 
 def _eager_run(model: nn.Module, args: tuple, kwargs: dict) -> tuple[str | None, object]:

@@ -109,6 +109,24 @@ def test_example_inputs_wrong_shape(capfd):
     assert "Traceback" not in capfd.readouterr().err  # no dynamo log spew either
 
 
+def test_a_token_id_past_the_vocabulary_is_the_inputs_fault():
+    """A capture on fake tensors does not check values: the first real run was in the passes,
+    and it raised PassError ("a bug: please report")."""
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8)).eval()
+    msg = _check(model, CaptureError, "fails on the given example_inputs even without amprewrite",
+                 dtype="bf16", example_inputs=(torch.tensor([[1, 2, 30]]),))
+    assert "IndexError: index out of range" in msg and "model(*example_inputs)" in msg
+
+
+def test_a_hf_models_keyword_ids_past_its_vocabulary():
+    from amprewrite.testing import zoo
+
+    model, (ids,) = zoo.llama()
+    msg = _check(model, CaptureError, "fails on the given example_inputs even without amprewrite",
+                 dtype="bf16", example_inputs={"input_ids": ids + 5000})
+    assert "model(**example_inputs) must run in fp32" in msg
+
+
 def test_example_inputs_wrong_dtype():
     _check(mlp(), CaptureError, "linear in 0 receives tensors of dtypes torch.int64",
            example_inputs=(torch.ones(2, 4, dtype=torch.long),))

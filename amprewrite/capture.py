@@ -672,8 +672,8 @@ def _own_failure(model: nn.Module, exc: BaseException) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else ""
     return (
-        f"amprewrite could not capture {type(model).__name__}: {type(exc).__name__}: {first} "
-        "This is a bug in amprewrite, not in the model or in torch dynamo: "
+        f"amprewrite could not capture {type(model).__name__}: {type(exc).__name__}: "
+        f"{first.rstrip('.')}. This is a bug in amprewrite, not in the model or in torch dynamo: "
         "torch._dynamo.export captures the same model on these inputs. Please report it with "
         "the model's class; meanwhile, transform without example_inputs (symbolic tracing) or "
         "compile with torch.compile's default backend under torch.autocast."

@@ -23,7 +23,7 @@ from torch import fx, nn
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
-from .errors import SignatureError
+from .errors import PolicyError, SignatureError
 from .meta import fake_value
 
 __all__ = ["BATCH", "SEQ", "InputCheck", "InputGuard", "bind_call", "capture_spec",
@@ -58,6 +58,14 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
 
     bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
     if not (isinstance(dynamic_shapes, str) and dynamic_shapes == BATCH):
+        if isinstance(dynamic_shapes, dict) and set(dynamic_shapes) - set(bound):
+            raise PolicyError(
+                f"dynamic_shapes has keys {sorted(dynamic_shapes)}, but a dict of "
+                "dynamic_shapes is keyed by the names of the arguments forward is called with "
+                f"({type(model).__name__}.forward{inspect.signature(model.forward)} takes "
+                f"these example_inputs as {list(bound)}), as torch.export reads it. Key it by "
+                f"those names (e.g. {{{next(iter(bound))!r}: {{0: Dim('batch')}}}}), or pass a "
+                "tuple in the order of the positional inputs.")
         return dynamic_shapes, dict(bound)
 
     def auto(value: object) -> object:

@@ -127,6 +127,19 @@ def test_a_hf_models_keyword_ids_past_its_vocabulary():
     assert "model(**example_inputs) must run in fp32" in msg
 
 
+def test_dynamic_shapes_keyed_by_another_name_says_forwards_names():
+    """The guide's `{"x": {0: batch}}` on a model whose argument is `input` was reported as a
+    bug in amprewrite (a plain export without the user's spec had worked)."""
+    from torch.export import Dim
+
+    msg = _check(mlp(), PolicyError, r"dynamic_shapes has keys \['x'\]", dtype="bf16",
+                 example_inputs=(X,), dynamic_shapes={"x": {0: Dim("batch", min=2, max=64)}})
+    assert "these example_inputs as ['input']" in msg and "bug" not in msg
+    gm = amprewrite.transform(mlp(), "bf16", example_inputs=(X,),
+                              dynamic_shapes={"input": {0: Dim("batch", min=2, max=64)}})
+    assert gm(torch.randn(9, 4)).shape[0] == 9
+
+
 def test_example_inputs_wrong_dtype():
     _check(mlp(), CaptureError, "linear in 0 receives tensors of dtypes torch.int64",
            example_inputs=(torch.ones(2, 4, dtype=torch.long),))

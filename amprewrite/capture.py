@@ -796,11 +796,19 @@ def _register_hf_caches(model: nn.Module) -> None:
     if not owners:
         return
     try:
-        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+        from transformers.exporters import exporter_dynamo
     except ImportError:
         return
     for module in owners.values():  # each modeling file's own cache classes
-        register_cache_pytrees_for_model(module)
+        exporter_dynamo.register_cache_pytrees_for_model(module)
+    # Their unflatten finds each class by its dotted path with importlib, which dynamo refuses
+    # to trace: torch.compile(gm, fullgraph=True) of a graph returning a cache failed there.
+    # The path names the same class at every call, so dynamo may call it while tracing.
+    to_class = getattr(exporter_dynamo, "_path_to_class", None)
+    if callable(to_class):
+        import torch._dynamo
+
+        torch._dynamo.assume_constant_result(to_class)
 
 
 # Containers torch's pytree knows itself (namedtuples and dataclasses aside).

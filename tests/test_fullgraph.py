@@ -195,3 +195,24 @@ def test_diffusers_unet1d_writes_through_views_and_compiles():
     gm = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs)
     assert any("write_view" in str(n.target) for n in gm.graph.nodes)
     _compiled_matches(gm, inputs, ref)
+
+
+def test_a_graph_returning_a_transformers_cache_compiles_with_fullgraph():
+    """The guide's quickstart, `torch.compile(gm, fullgraph=True)`, on a causal LM with its
+    default config (`use_cache=True`): the graph returns a DynamicCache, which transformers'
+    pytree unflatten rebuilds by importing each class by name, and dynamo refused the import."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 1000, (2, 16))
+    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(ids,))
+    want = gm(ids)
+    got = torch.compile(gm, fullgraph=True, backend="eager")(ids)
+    assert type(got.past_key_values) is type(want.past_key_values) is transformers.DynamicCache
+    leaves = torch.utils._pytree.tree_leaves
+    assert torch.equal(got.logits, want.logits)
+    assert all(torch.equal(a, b) for a, b in zip(leaves(got.past_key_values),
+                                                 leaves(want.past_key_values), strict=True))

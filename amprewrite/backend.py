@@ -187,7 +187,8 @@ def amprewrite_backend(gm: fx.GraphModule, example_inputs: list, options: Mappin
 
 
 def backend(inner: Inner = "inductor", **policy: object) -> Callable:
-    """A backend callable for ``torch.compile(model, backend=...)`` with any inner backend.
+    """A backend callable for ``torch.compile(model, backend=...)`` with any inner backend;
+    the same settings give the same callable, so blocks compiled one by one share their graph.
 
     >>> import torch, amprewrite
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
@@ -196,8 +197,26 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
     torch.float32
     """
     settings, inner = _policy({**policy, "inner": inner})
+    try:
+        made = _BACKENDS.get((settings, inner))
+    except (TypeError, RuntimeError):  # an option dynamo could not compare either (tensors)
+        made, key = None, None
+    else:
+        key = (settings, inner)
+    if made is not None:
+        return made
 
     def compile_with_amprewrite(gm: fx.GraphModule, example_inputs: list):
         return _compile(gm, example_inputs, settings, inner)
 
+    if key is not None:
+        _BACKENDS[key] = compile_with_amprewrite
     return compile_with_amprewrite
+
+
+# backend()'s callables by their settings. Dynamo keeps a compiled graph for the backend
+# callable it was made with, and compiles again for another: a loop that compiled each block
+# with its own amprewrite.backend(...) compiled a graph per block (one plan each, where the
+# blocks of one class share one) and, past torch._dynamo.config.recompile_limit, left the
+# other blocks uncompiled. The same settings now give the same callable.
+_BACKENDS: dict[tuple[Policy, object], Callable] = {}

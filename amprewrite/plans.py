@@ -238,8 +238,12 @@ class GraphPlan:
         self._event_keys.append(key)
 
     def __call__(self, *args: object) -> object:
-        if not self.watch:
+        if not self.watch:  # one plan serves every block: only which blocks ran is kept
             self.calls += 1
+            key = self._key(args)
+            if key not in self.seen:
+                self._saw(key, args)
+                self.assigned.setdefault(key, self.plans[0])
             return self.plans[0].fn(*args)
         key = self._key(args)
         if key not in self.seen:
@@ -455,7 +459,33 @@ def compiled_report(module: nn.Module) -> CompiledReport | None:
     if not found:
         return None
     names = _parameter_names(module)
-    return CompiledReport([plan.graph_report(names) for plan in found])
+    graphs = [plan.graph_report(names) for plan in found]
+    order = {".".join(p for p in name.split(".") if p and p not in _WRAPPERS): k
+             for k, (name, _) in reversed(list(enumerate(module.named_modules())))}
+    graphs.sort(key=lambda g: min((order.get(b, len(order)) for b in g.blocks),
+                                  default=len(order)))  # in the order of the model's blocks
+    planned = {b for g in graphs for b in g.blocks}
+    unplanned = [path for path in _compiled_blocks(module)
+                 if path not in planned and not any(b.startswith(path + ".") or not path
+                                                    for b in planned)]
+    limit = getattr(getattr(torch, "_dynamo", None), "config", None)
+    return CompiledReport(graphs, unplanned, getattr(limit, "recompile_limit", None))
+
+
+def _compiled_blocks(module: nn.Module) -> list[str]:
+    """The paths (without torch's wrappers) of ``module`` and its submodules that were compiled
+    with ``torch.compile`` (``block.compile(...)``, or ``torch.compile(block)`` put in its
+    place) and have parameters, in module order."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    found: list[str] = []
+    for name, sub in module.named_modules():
+        if (getattr(sub, "_compiled_call_impl", None) is not None
+                or isinstance(sub, OptimizedModule)):
+            path = ".".join(p for p in name.split(".") if p and p not in _WRAPPERS)
+            if path not in found and next(sub.parameters(), None) is not None:
+                found.append(path)
+    return found
 
 
 COMPILED_LOOKUPS.append(compiled_report)

@@ -240,9 +240,25 @@ class CompiledReport:
     :func:`amprewrite.transform`'s report gives them."""
 
     graphs: list[GraphReport] = field(default_factory=list)
+    # Blocks compiled with torch.compile with which no planned graph ran (their calls ran
+    # without amprewrite: dynamo gave up on them, or they were not called yet).
+    unplanned: list[str] = field(default_factory=list)
+    recompile_limit: int | None = None  # torch._dynamo.config.recompile_limit when reported
 
     def __str__(self) -> str:
-        return "\n\n".join(f"[{k}] {g}" for k, g in enumerate(self.graphs))
+        head = []
+        if self.unplanned:
+            shown = ", ".join(self.unplanned[:8]) + (
+                f" and {len(self.unplanned) - 8} more" if len(self.unplanned) > 8 else "")
+            head.append(
+                f"not planned: {shown}: compiled with torch.compile, but no graph amprewrite "
+                "planned ran with their parameters, so their calls ran without amprewrite (in "
+                "the model's own dtype), or they were not called yet. Dynamo compiles a block "
+                "again when its guards fail (with a transformers DynamicCache each layer guards on "
+                "its own slot of the cache; use_cache=False lets the layers share one graph) and "
+                f"stops compiling a function after torch._dynamo.config.recompile_limit "
+                f"({self.recompile_limit}) graphs; TORCH_LOGS=recompiles says why.")
+        return "\n\n".join([*head, *(f"[{k}] {g}" for k, g in enumerate(self.graphs))])
 
     @property
     def replans(self) -> list[PlanEvent]:

@@ -221,3 +221,42 @@ def test_a_later_blocks_float8_error_turns_that_linear_to_bf16_in_every_plan():
     assert len(fp8) == 1  # fc2 stays float8, fc1 is bf16 now
     # Measured: 2.1% with the per-block check, 21% with block 0's verdicts for every block.
     assert rel_err(out, ref) < 0.04
+
+
+def test_blocks_dynamo_gave_up_on_are_named_and_graphs_come_in_block_order():
+    """Per-block compile of a causal LM with its default use_cache=True: each layer guards on
+    its own slot of the DynamicCache, so each compiles its own graph, and past dynamo's
+    recompile limit the rest ran without amprewrite while the report named none of them (and
+    listed the graphs in no particular order)."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=4, num_attention_heads=4)
+    ids = torch.randint(0, 1000, (2, 16))
+    for use_cache, expect in ((True, ["model.layers.2", "model.layers.3"]), (False, [])):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        model.config.use_cache = use_cache
+        for layer in model.model.layers:
+            layer.compile(backend=amprewrite.backend(dtype="bf16", inner="eager"))
+        with torch._dynamo.config.patch(recompile_limit=2):
+            model(input_ids=ids)
+            rep = amprewrite.report(model)  # the limit it names is the one set now
+        assert rep.unplanned == expect
+        blocks = [b for g in rep.graphs for b in g.blocks]
+        assert blocks == [f"model.layers.{k}" for k in range(4 - len(expect))]
+        # Each layer compiled with its own amprewrite.backend(...) of the same settings: one
+        # callable, so without a cache the four share one graph (they had one each).
+        assert len(rep.graphs) == (2 if use_cache else 1)
+        text = str(rep)
+        assert text.startswith("not planned: model.layers.2, model.layers.3: ") == use_cache
+        assert ("recompile_limit (2)" in text) == use_cache
+
+
+def test_the_same_backend_settings_give_the_same_callable():
+    """Dynamo compiles again for another backend callable (BACKEND_MATCH)."""
+    make = amprewrite.backend
+    assert make(dtype="bf16", inner="eager") is make(dtype=torch.bfloat16, inner="eager")
+    assert make(dtype="bf16", inner="eager") is not make(dtype="fp16", inner="eager")
+    assert make(dtype="bf16", keep_fp32=["fc"]) is make(dtype="bf16", keep_fp32=("fc",))

@@ -1,6 +1,7 @@
 """Example model factories for `amprewrite dump` / `amprewrite check`.
 
-    amprewrite check examples/cli_models.py:overflow --dtype fp16
+    amprewrite check examples/cli_models.py:overflow --dtype fp16               # passes: fc in fp32
+    amprewrite check examples/cli_models.py:overflow --dtype fp16 --allow-low fc  # inf, then --fix
     amprewrite dump examples/cli_models.py:mlp --inputs 4x16 --out out/mlp
 """
 
@@ -9,7 +10,8 @@ from torch import nn
 
 
 class Overflow(nn.Module):
-    """Logits above fp16's 65504 before a softmax: fine in fp32, inf in fp16."""
+    """Logits above fp16's 65504 before a softmax: fine in fp32, inf in fp16 (the recorded
+    ranges keep ``fc`` in fp32 unless ``--allow-low fc`` runs it in fp16)."""
 
     def __init__(self):
         super().__init__()

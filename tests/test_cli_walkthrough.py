@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -430,3 +431,18 @@ def test_cli_doc_promises_hold():
     text = textwrap.dedent((ROOT / "docs" / "cli.md").read_text())
     assert "exits with status 130" in text and "pointer to the command's `--help`" in text
     assert "svg only for graphs of up to" in text and str(cli.SVG_MAX_NODES) in text
+
+
+def test_the_check_examples_of_docs_cli_run_as_shown(capsys):
+    """docs/cli.md showed `check ...:overflow --dtype fp16` failing after the recorded ranges
+    had made it pass; each `$ amprewrite check` block's first and last lines are checked."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    blocks = re.findall(r"```\n\$ amprewrite (check [^\n]+)\n(.*?)```", text, re.S)
+    assert len(blocks) >= 2
+    for command, shown in blocks:
+        code, out, _ = run_cli(capsys, *shlex.split(command))
+        lines = [ln for ln in shown.splitlines() if ln != "..."]
+        got = out.splitlines()
+        assert lines[-1] in got[-1] and code == (0 if "check passed" in lines[-1] else 1), command
+        first = [ln for ln in lines if ln.startswith("output error vs fp32")]
+        assert all(ln in got for ln in first), (command, out)

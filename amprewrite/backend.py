@@ -17,6 +17,7 @@ behaves the same in any thread (``nn.DataParallel``) or process (DDP).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable, Mapping
 
 import torch
@@ -34,6 +35,9 @@ from .ranges import declared_fp32, narrower_than_fp32
 __all__ = ["amprewrite_backend", "backend"]
 
 _POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
+# Policy fields the backend takes only at their defaults (it is handed dynamo's graph and
+# parameters as graph inputs): not offered as valid options.
+_TRANSFORM_ONLY = {"capture", "params"}
 Inner = str | Callable[..., Callable]
 
 
@@ -42,9 +46,13 @@ def _policy(options: Mapping[str, object]) -> tuple[Policy, Inner]:
     inner = opts.pop("inner", "inductor")
     unknown = sorted(set(opts) - _POLICY_FIELDS)
     if unknown:
+        valid = sorted((_POLICY_FIELDS - _TRANSFORM_ONLY) | {"inner"})
+        close = {u: difflib.get_close_matches(u, valid, n=1) for u in unknown}
+        hint = "; ".join(f"{u!r}: did you mean {m[0]!r}?" for u, m in close.items() if m)
         raise PolicyError(
-            f"unknown amprewrite backend option(s) {unknown}; valid: "
-            f"{sorted(_POLICY_FIELDS | {'inner'})}."
+            f"unknown amprewrite backend option(s) {unknown}"
+            f"{f' ({hint})' if hint else ''}; valid: {valid} (capture and params are options "
+            "of amprewrite.transform only)."
         )
     if opts.get("capture", "dynamo") != "dynamo":
         raise PolicyError(

@@ -119,7 +119,8 @@ def test_options_through_torch_compile():
 
 @pytest.mark.parametrize("options, match", [
     ({"dtype": "fp8"}, "bfloat16 or float16"),
-    ({"dtyp": "bf16"}, "unknown amprewrite backend option"),
+    ({"dtyp": "bf16"}, r"unknown amprewrite backend option\(s\) \['dtyp'\] \('dtyp': did you "
+                       r"mean 'dtype'\?\); valid: \['allow_low', 'calibration', 'device'"),
     ({"params": "low"}, "params='low' needs amprewrite.transform"),
     ({"capture": "export"}, "capture= has no meaning here"),
 ])

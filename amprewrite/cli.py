@@ -228,7 +228,7 @@ def _attempt(what: str, fn, target: _Target):
             if plain is not None:
                 fix = ("give --inputs the shapes and dtypes the model's forward takes (a dtype "
                        "prefix makes integers: int64:1x128:0-1000)" if target.flags else
-                       "fix the inputs the factory returns, or pass --inputs")
+                       "fix the model or the inputs the factory returns (or pass --inputs)")
                 raise UsageError(
                     f"the model fails on {target.where} ({_describe(target.inputs)}) without "
                     f"amprewrite, so this is not an amprewrite failure: {plain}. To fix it, "
@@ -899,7 +899,14 @@ def _run(argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     command = parser._subparsers._group_actions[0].choices[args.command]
     if extra:
-        command.error(f"unrecognized arguments: {' '.join(extra)}")
+        import difflib
+
+        flags = [f for a in command._actions for f in a.option_strings if f.startswith("--")]
+        close = {x: difflib.get_close_matches(x.split("=")[0], flags, n=1)
+                 for x in extra if x.startswith("--")}
+        hint = "; ".join(f"did you mean {m[0]} for {x.split('=')[0]}?"
+                         for x, m in close.items() if m)
+        command.error(f"unrecognized arguments: {' '.join(extra)}" + (f" ({hint})" if hint else ""))
     _take_target(args, command)
     try:
         _check_usage(args)

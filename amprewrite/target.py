@@ -159,7 +159,13 @@ def load_target(target: str) -> tuple[nn.Module, tuple | dict | None]:
     module = _import(where)
     factory = getattr(module, name, None)
     if not callable(factory):
-        raise UsageError(f"{where} has no factory function '{name}'.")
+        import difflib
+
+        functions = [n for n, v in vars(module).items()
+                     if callable(v) and not isinstance(v, type) and not n.startswith("_")]
+        close = difflib.get_close_matches(name, functions, n=1)
+        raise UsageError(f"{where} has no factory function '{name}'"
+                         + (f"; did you mean '{close[0]}'?" if close else "."))
     try:
         made = factory()
     except Exception as exc:

@@ -133,12 +133,15 @@ def test_unknown_node_selector_is_clear():
 
 @pytest.mark.parametrize("args, message", [
     (("check", "missing.py:f"), "no such file: missing.py"),
-    (("check", f"{MODELS}:nope"), "has no factory function 'nope'"),
+    (("check", f"{MODELS}:nope"), "has no factory function 'nope'."),
+    (("check", f"{MODELS}:mpl"), "has no factory function 'mpl'; did you mean 'mlp'?"),
     (("check", f"{MODELS}:mlp", "--inputs", "4by16"), "bad input spec '4by16'"),
     (("check", f"{MODELS}:mlp"), "gives no example inputs"),
     (("check", f"{MODELS}:broken"), "this model always fails"),
     (("dump", f"{MODELS}:mlp", "--format", "pdf"), "--format takes"),
     (("check", "no_colon"), "must be path/to/file.py:factory"),
+    (("dump", f"{MODELS}:mlp", "--dtpye", "fp16"),
+     "unrecognized arguments: --dtpye fp16 (did you mean --dtype for --dtpye?)"),
 ])
 def test_bad_usage_is_one_line_and_exit_2(args, message):
     done = run(*args)

@@ -154,6 +154,7 @@ def test_demo_command_runs_and_reports(tmp_path):
     done = subprocess.run([sys.executable, str(script), "demo"], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
+    assert "NumPy" not in done.stderr  # torch's warning without numpy: numpy is a dependency
     out = done.stdout
     # The headline: on the demo model amprewrite's image error is autocast's (6.07e-3 against
     # 6.14e-3) and its BCE loss error 6.5x lower (1.2e-3 against 7.7e-3: BCE runs in fp32 on

@@ -439,6 +439,13 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
                      f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
         guard = getattr(gm, "_amp_inputs", None)
         if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary
-            notes.append(f"shapes: {guard.describe()} (dynamic_shapes="
-                         f"{policy.dynamic_shapes if policy else None!r})")
+            asked = policy.dynamic_shapes if policy else None
+            said = guard.describe()
+            if said == "every input size is static" and isinstance(asked, str) and asked == BATCH:
+                said += (": dynamic_shapes='batch' left no batch dimension dynamic (the "
+                         "model fixes it, as a per-sample loop does, or the example's batch is "
+                         "1); another batch size is transformed again")
+            else:
+                said += f" (dynamic_shapes={asked!r})"
+            notes.append(f"shapes: {said}")
     return notes

@@ -214,7 +214,8 @@ class GraphReport:
         shown = [b or "(the module)" for b in self.blocks]
         if self.other_blocks:
             shown.append(f"{self.other_blocks} outside this module")
-        head = (f"graph planned from {len(self.blocks) + self.other_blocks} block(s) "
+        head = (f"graph planned in {self.report.dtype} from "
+                f"{len(self.blocks) + self.other_blocks} block(s) "
                 f"[{', '.join(shown)}], "
                 f"{self.ranks} rank(s), {self.calls} call(s); "
                 f"{len(self.plans) or 1} plan(s), {sum(e.replanned for e in self.events) - 1} "

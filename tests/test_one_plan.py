@@ -260,3 +260,15 @@ def test_the_same_backend_settings_give_the_same_callable():
     assert make(dtype="bf16", inner="eager") is make(dtype=torch.bfloat16, inner="eager")
     assert make(dtype="bf16", inner="eager") is not make(dtype="fp16", inner="eager")
     assert make(dtype="bf16", keep_fp32=["fc"]) is make(dtype="bf16", keep_fp32=("fc",))
+
+
+def test_each_graph_of_a_model_compiled_twice_says_its_dtype():
+    """The report of a model is every graph planned with its parameters: one compile in bf16
+    and one in fp16 both show up, so each graph's head names its dtype."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Softmax(-1)).eval()
+    x = torch.randn(2, 8)
+    for dtype in ("bf16", "fp16"):
+        torch.compile(model, backend=amprewrite.backend(dtype=dtype, inner="eager"))(x)
+    heads = sorted(str(g).splitlines()[0].split(" from ")[0]
+                   for g in amprewrite.report(model).graphs)
+    assert heads == ["graph planned in bfloat16", "graph planned in float16"]

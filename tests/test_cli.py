@@ -209,6 +209,9 @@ def test_version_and_a_subcommands_unknown_flag():
     done = run("check", f"{MODELS}:mlp", "--inputs", "4x16", "--rtl", "1")
     assert done.returncode == 2
     assert done.stderr == ("amprewrite check: error: unrecognized arguments: --rtl 1 "
+                           "(did you mean --rtol for --rtl?) (see 'amprewrite check --help')\n")
+    done = run("check", f"{MODELS}:mlp", "--zzzz")  # nothing close: no suggestion
+    assert done.stderr == ("amprewrite check: error: unrecognized arguments: --zzzz "
                            "(see 'amprewrite check --help')\n")
 
 

@@ -206,11 +206,14 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
     """
     settings, inner = _policy({**policy, "inner": inner})
     try:
-        made = _BACKENDS.get((settings, inner))
-    except (TypeError, RuntimeError):  # an option dynamo could not compare either (tensors)
+        # Calibration batches are data a Policy does not compare: never shared.
+        fp8 = settings.fp8  # a dict of float8 options: compared as its items
+        fp8 = tuple(sorted(fp8.items())) if isinstance(fp8, Mapping) else fp8
+        key = None if settings.calibration else (
+            dataclasses.replace(settings, fp8=None), fp8, inner)
+        made = _BACKENDS.get(key) if key is not None else None
+    except (TypeError, RuntimeError):  # an option that cannot be hashed or compared
         made, key = None, None
-    else:
-        key = (settings, inner)
     if made is not None:
         return made
 
@@ -227,4 +230,4 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
 # with its own amprewrite.backend(...) compiled a graph per block (one plan each, where the
 # blocks of one class share one) and, past torch._dynamo.config.recompile_limit, left the
 # other blocks uncompiled. The same settings now give the same callable.
-_BACKENDS: dict[tuple[Policy, object], Callable] = {}
+_BACKENDS: dict[tuple[Policy, object, object], Callable] = {}

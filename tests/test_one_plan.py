@@ -260,6 +260,13 @@ def test_the_same_backend_settings_give_the_same_callable():
     assert make(dtype="bf16", inner="eager") is make(dtype=torch.bfloat16, inner="eager")
     assert make(dtype="bf16", inner="eager") is not make(dtype="fp16", inner="eager")
     assert make(dtype="bf16", keep_fp32=["fc"]) is make(dtype="bf16", keep_fp32=("fc",))
+    # Calibration data is not compared by the Policy: two sets never share a callable.
+    x = torch.randn(2, 8)
+    assert make(dtype="fp16", calibration=[(x,)]) is not make(dtype="fp16", calibration=[(x,)])
+    assert make(dtype="fp16", fp8=None) is make(dtype="fp16")
+    fp8 = make(dtype="bf16", fp8={"recipe": "tensorwise"})
+    assert fp8 is make(dtype="bf16", fp8={"recipe": "tensorwise"})
+    assert fp8 is not make(dtype="bf16", fp8={"recipe": "rowwise"})
 
 
 def test_each_graph_of_a_model_compiled_twice_says_its_dtype():

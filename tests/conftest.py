@@ -8,9 +8,9 @@ import torch
 from amprewrite import codegen
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    # `pytest -n N` (the README's command): the workers share the cores instead of each
-    # running torch's thread pool over all of them, and so do the processes a test starts.
-    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    # `pytest -n N` (the README's command): the workers share the threads torch would use
+    # alone instead of each running that many, and so do the processes a test starts.
+    _threads = str(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
     os.environ.setdefault("OMP_NUM_THREADS", _threads)
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 

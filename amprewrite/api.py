@@ -441,7 +441,7 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
         if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary
             asked = policy.dynamic_shapes if policy else None
             said = guard.describe()
-            if said == "every input size is static" and isinstance(asked, str) and asked == BATCH:
+            if not guard.dynamic_dims() and isinstance(asked, str) and asked == BATCH:
                 said += (": dynamic_shapes='batch' left no batch dimension dynamic (the "
                          "model fixes it, as a per-sample loop does, or the example's batch is "
                          "1); another batch size is transformed again")

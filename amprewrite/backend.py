@@ -206,9 +206,9 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
     """
     settings, inner = _policy({**policy, "inner": inner})
     try:
-        # Calibration batches are data a Policy does not compare: never shared.
         fp8 = settings.fp8  # a dict of float8 options: compared as its items
         fp8 = tuple(sorted(fp8.items())) if isinstance(fp8, Mapping) else fp8
+        # Calibration batches are data a Policy does not compare: never shared.
         key = None if settings.calibration else (
             dataclasses.replace(settings, fp8=None), fp8, inner)
         made = _BACKENDS.get(key) if key is not None else None

@@ -238,16 +238,13 @@ class GraphPlan:
         self._event_keys.append(key)
 
     def __call__(self, *args: object) -> object:
-        if not self.watch:  # one plan serves every block: only which blocks ran is kept
-            self.calls += 1
-            key = self._key(args)
-            if key not in self.seen:
-                self._saw(key, args)
-                self.assigned.setdefault(key, self.plans[0])
-            return self.plans[0].fn(*args)
         key = self._key(args)
         if key not in self.seen:
-            self._observe(key, args)
+            if self.watch:
+                self._observe(key, args)
+            else:  # one plan serves every block: only which blocks ran is kept (the report)
+                self._saw(key, args)
+                self.assigned[key] = self.plans[0]
         self.calls += 1
         return self.assigned[key].fn(*args)
 
@@ -460,7 +457,7 @@ def compiled_report(module: nn.Module) -> CompiledReport | None:
         return None
     names = _parameter_names(module)
     graphs = [plan.graph_report(names) for plan in found]
-    order = {".".join(p for p in name.split(".") if p and p not in _WRAPPERS): k
+    order = {_unwrapped(name): k
              for k, (name, _) in reversed(list(enumerate(module.named_modules())))}
     graphs.sort(key=lambda g: min((order.get(b, len(order)) for b in g.blocks),
                                   default=len(order)))  # in the order of the model's blocks
@@ -468,8 +465,14 @@ def compiled_report(module: nn.Module) -> CompiledReport | None:
     unplanned = [path for path in _compiled_blocks(module)
                  if path not in planned and not any(b.startswith(path + ".") or not path
                                                     for b in planned)]
-    limit = getattr(getattr(torch, "_dynamo", None), "config", None)
-    return CompiledReport(graphs, unplanned, getattr(limit, "recompile_limit", None))
+    import torch._dynamo  # imported already: a plan exists
+
+    return CompiledReport(graphs, unplanned, torch._dynamo.config.recompile_limit)
+
+
+def _unwrapped(name: str) -> str:
+    """A submodule's path without torch's wrappers (``layers.0._orig_mod`` -> ``layers.0``)."""
+    return ".".join(p for p in name.split(".") if p and p not in _WRAPPERS)
 
 
 def _compiled_blocks(module: nn.Module) -> list[str]:
@@ -482,7 +485,7 @@ def _compiled_blocks(module: nn.Module) -> list[str]:
     for name, sub in module.named_modules():
         if (getattr(sub, "_compiled_call_impl", None) is not None
                 or isinstance(sub, OptimizedModule)):
-            path = ".".join(p for p in name.split(".") if p and p not in _WRAPPERS)
+            path = _unwrapped(name)
             if path not in found and next(sub.parameters(), None) is not None:
                 found.append(path)
     return found

@@ -262,11 +262,15 @@ class InputGuard:
                             f"[{lo}, {_bound(hi)}] it was captured for ({_show(inp)})")
         return None
 
-    def describe(self) -> str:
-        """The dynamic dimensions, in words (for the report)."""
-        dims = [f"{inp.name}[{d}] in [{lo}, {_bound(hi)}]"
+    def dynamic_dims(self) -> list[str]:
+        """The dynamic dimensions with their ranges (``input_ids[0] in [2, inf]``)."""
+        return [f"{inp.name}[{d}] in [{lo}, {_bound(hi)}]"
                 for inp in self.inputs if inp.sizes is not None
                 for d, (want, (lo, hi)) in enumerate(zip(inp.sizes, inp.ranges)) if want is None]
+
+    def describe(self) -> str:
+        """The dynamic dimensions, in words (for the report)."""
+        dims = self.dynamic_dims()
         if not dims:
             return "every input size is static"
         return "dynamic sizes: " + ", ".join(dims) + "; every other input size is static"

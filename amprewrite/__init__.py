@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .api import transform
-    from .backend import amprewrite_backend, backend
+    from .compile.backend import amprewrite_backend, backend
+    from .compile.generation import for_generation
+    from .compile.scaler import GradScaler
+    from .compile.sharding import fully_shard
     from .errors import (
         AmpRewriteError,
         CaptureError,
@@ -34,32 +37,30 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         SignatureError,
         VerificationError,
     )
-    from .float8 import Float8
-    from .generation import for_generation
-    from .numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
-    from .ops import FAMILIES, Family, Precision, override_families, register_family
-    from .policy import Policy
-    from .report import CompiledReport, Decision, Report, Rewrite, report
-    from .scaler import GradScaler
-    from .sharding import fully_shard
+    from .precision.float8 import Float8
+    from .precision.ops import FAMILIES, Family, Precision, override_families, register_family
+    from .precision.policy import Policy
+    from .precision.report import CompiledReport, Decision, Report, Rewrite, report
+    from .show.numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     "transform": "api",
-    "amprewrite_backend": "backend", "backend": "backend",
+    "amprewrite_backend": "compile.backend", "backend": "compile.backend",
     **dict.fromkeys(("AmpRewriteError", "CaptureError", "ModelError", "ModeSwitchError",
                      "NotVerifiedWarning", "PassError", "PolicyError", "ShapeError",
                      "SignatureError", "VerificationError"), "errors"),
-    "Float8": "float8",
-    "for_generation": "generation",
-    "GradScaler": "scaler",
+    "Float8": "precision.float8",
+    "for_generation": "compile.generation",
+    "GradScaler": "compile.scaler",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
-                    "numerics"),
+                    "show.numerics"),
     **dict.fromkeys(("FAMILIES", "Family", "Precision", "override_families",
-                     "register_family"), "ops"),
-    "Policy": "policy",
-    **dict.fromkeys(("CompiledReport", "Decision", "Report", "Rewrite", "report"), "report"),
-    "fully_shard": "sharding",
+                     "register_family"), "precision.ops"),
+    "Policy": "precision.policy",
+    **dict.fromkeys(("CompiledReport", "Decision", "Report", "Rewrite", "report"),
+                    "precision.report"),
+    "fully_shard": "compile.sharding",
 }
 
 __all__ = [
@@ -103,29 +104,18 @@ def _load(name: str) -> object:
     return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
 
 
-class _Package(types.ModuleType):
-    """The package's module type. ``report`` and ``backend`` name both a submodule and the
-    function in it; the function wins, as it did with eager imports: importing the submodule
-    sets the package attribute (Python does that on a submodule's first import), and these
-    properties ignore that."""
-
-    report = property(lambda self: _load("report"), lambda self, value: None)
-    backend = property(lambda self: _load("backend"), lambda self, value: None)
-
-    def __getattr__(self, name: str) -> object:
-        if name in _EXPORTS:
-            value = _load(name)
-            setattr(self, name, value)
-            return value
-        if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        return importlib.import_module(f"{__name__}.{name}")  # amprewrite.ops, as before
-
-    def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *_EXPORTS})
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        value = _load(name)
+        globals()[name] = value
+        return value
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return importlib.import_module(f"{__name__}.{name}")  # amprewrite.precision, a stage
 
 
-sys.modules[__name__].__class__ = _Package
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
 
 
 # --- the torch.compile backend "amprewrite", registered on import without importing torch ----
@@ -134,8 +124,9 @@ _REGISTRY = "torch._dynamo.backends.registry"
 
 
 def _compile_lazily(gm, example_inputs, options=None, mode=None):
-    """``amprewrite.backend.amprewrite_backend``, imported when torch.compile first calls it."""
-    from .backend import amprewrite_backend
+    """``amprewrite.compile.backend.amprewrite_backend``, imported when torch.compile first calls
+    it."""
+    from .compile.backend import amprewrite_backend
 
     return amprewrite_backend(gm, example_inputs, options=options, mode=mode)
 

@@ -15,19 +15,19 @@ from collections.abc import Iterable
 import torch
 from torch import fx, nn
 
-from . import meta as M
-from .capture import capture, eager_failure
+from .capture.exported import export_again, exported_mode, is_exported_program, program_inputs
+from .capture.trace import capture, eager_failure
+from .capture.verify import selector_for
 from .errors import ModelError, NotVerifiedWarning, PassError, PolicyError, VerificationError
-from .exported import export_again, exported_mode, is_exported_program, program_inputs
-from .graphmodule import DynamoGraphModule, sources_die_with_code
-from .ops import FAMILIES
+from .graph import meta as M
+from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
+from .graph.shapes import BATCH
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
-from .policy import Policy, Selector, calibration_batches, check_selectors
+from .precision.ops import FAMILIES
+from .precision.policy import Policy, Selector, calibration_batches, check_selectors
+from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of, report
 from .progress import status, transform_progress
-from .report import POLICY_KEY, REPORT_KEY, Report, decisions_of, report
-from .shapes import BATCH
-from .verify import selector_for
 
 __all__ = ["transform"]
 
@@ -312,7 +312,7 @@ _CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
 
 def _transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_inputs: object,
                        on_pass=None) -> torch.export.ExportedProgram:
-    """ExportedProgram in, ExportedProgram out (:mod:`amprewrite.exported`): the program's
+    """ExportedProgram in, ExportedProgram out (:mod:`amprewrite.capture.exported`): the program's
     module transformed on its example inputs with its dynamic dimensions, exported again."""
     inputs = program_inputs(ep, example_inputs)
     if isinstance(policy.dynamic_shapes, str) and policy.dynamic_shapes == BATCH:

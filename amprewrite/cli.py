@@ -107,7 +107,7 @@ def _selectors_as_flags(match: re.Match) -> str:
 # --- argument types: every numeric flag is checked where it is parsed --------------------------
 
 def _dtype_flag(text: str) -> str:
-    from .dtypes import low_dtype_name, low_dtype_names
+    from .graph.dtypes import low_dtype_name, low_dtype_names
 
     name = low_dtype_name(text)
     if name is None:
@@ -139,7 +139,7 @@ def _port(text: str) -> int:
 
 
 def _formats(text: str) -> set[str]:
-    from .target import UsageError
+    from .precision.target import UsageError
 
     chosen = {f.strip() for f in text.split(",") if f.strip()}
     bad = chosen - set(FORMATS)
@@ -167,7 +167,7 @@ class _Target:
 
 def _load(args: argparse.Namespace, need_inputs: bool) -> _Target:
     from .api import _check_model
-    from .target import UsageError, load_target, parse_input
+    from .precision.target import UsageError, load_target, parse_input
 
     model, inputs = load_target(args.target)
     where = f"the example inputs {args.target}() returns"
@@ -218,7 +218,7 @@ def _first_line(exc: BaseException) -> str:
 def _attempt(what: str, fn, target: _Target):
     """Run a step; on failure say whose fault it is: the model's on these inputs (it fails
     without amprewrite too) or amprewrite's (it runs in fp32)."""
-    from .target import UsageError
+    from .precision.target import UsageError
 
     try:
         return fn()
@@ -243,7 +243,7 @@ def _attempt(what: str, fn, target: _Target):
 
 
 def _policy(args: argparse.Namespace, **changes):
-    from .policy import Policy
+    from .precision.policy import Policy
 
     # dump shows the graph and check measures its error itself: neither stops at verification.
     return Policy(dtype=args.dtype, upsample=getattr(args, "upsample", "auto"), verify=False,
@@ -256,7 +256,7 @@ def _plural(n: int, word: str) -> str:
 
 def _out_folder(out: str, flag: str = "--out") -> Path:
     """``out`` as a folder the command can write into, checked before any model work."""
-    from .target import UsageError
+    from .precision.target import UsageError
 
     path = Path(out)
     if path.exists() and not path.is_dir():
@@ -298,12 +298,12 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
     import difflib
 
     from .api import transform_with
-    from .capture import capture
-    from .numerics import check_numerics
-    from .render import SvgRender, node_table, to_dot
-    from .report import report
-    from .report_html import report_page
-    from .views import rewritten_nodes
+    from .capture.trace import capture
+    from .precision.report import report
+    from .show.html import report_page
+    from .show.numerics import check_numerics
+    from .show.render import SvgRender, node_table, to_dot
+    from .show.views import rewritten_nodes
 
     target = _Target(model, inputs, "the example inputs")
     out.mkdir(parents=True, exist_ok=True)
@@ -363,7 +363,7 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
                                             report_text=str(rep),
                                             title=f"amprewrite: {type(model).__name__}"))
         if "model-explorer" in formats:
-            from .explorer import write_model_explorer
+            from .show.explorer import write_model_explorer
 
             for name, path in write_model_explorer(out / "model-explorer", before, after,
                                                    rewritten, result,
@@ -397,7 +397,7 @@ def _dump(args: argparse.Namespace) -> int:
     formats = _formats(args.format) if args.format is not None else None
     out = _out_folder(args.out)
     if formats is not None and "svg" in formats and shutil.which("dot") is None:
-        from .target import UsageError
+        from .precision.target import UsageError
 
         others = ",".join(f for f in FORMATS if f in formats and f != "svg")
         raise UsageError(
@@ -442,10 +442,10 @@ def _compiled(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .backend import backend
-    from .capture import split_inputs
-    from .report import report
-    from .target import UsageError
+    from .capture.trace import split_inputs
+    from .compile.backend import backend
+    from .precision.report import report
+    from .precision.target import UsageError
 
     if args.calibration:
         raise UsageError("--calibration is transform's: the backend plans from the calls it "
@@ -477,7 +477,7 @@ def _compiled(args: argparse.Namespace) -> int:
 # --- explore --------------------------------------------------------------------------------
 
 def _explore(args: argparse.Namespace) -> int:
-    from .explorer import _port_free, _require, prepare, serve
+    from .show.explorer import _port_free, _require, prepare, serve
 
     _require()  # the install hint and a busy port before any capture work
     _port_free(args.host, args.port)
@@ -513,7 +513,7 @@ def _print_check(result, rtol: float, top: int) -> bool:
     rows = [r for r in result.nodes
             if r.rel_err is not None and r.precision not in ("placeholder", "get_attr")][:top]
     if rows:
-        from .report import text_table
+        from .precision.report import text_table
 
         print(f"worst {len(rows)} nodes (relative error vs the fp32 graph, same node name):")
         table = text_table([[r.node, f"{r.rel_err:.3e}", r.precision, r.family or "-",
@@ -524,8 +524,8 @@ def _print_check(result, rtol: float, top: int) -> bool:
 
 def _check(args: argparse.Namespace) -> int:
     from .api import transform_with
-    from .numerics import check_numerics, find_fp32_nodes
-    from .report import report
+    from .precision.report import report
+    from .show.numerics import check_numerics, find_fp32_nodes
 
     dtype = args.dtype
     keep = fixed = fixed_gm = search_error = None
@@ -593,10 +593,10 @@ _EXTENSION = {"pt2": ".pt2", "aoti": ".aoti.pt2", "onnx": ".onnx"}
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .deploy import export, preflight
+    from .deploy.export import export, preflight
 
     if args.static and args.dynamic_seq:
-        from .target import UsageError
+        from .precision.target import UsageError
 
         raise UsageError("--static fixes every size, --dynamic-seq makes the sequence dynamic: "
                          "pass one of them (--dynamic-seq alone keeps the batch dynamic too).")
@@ -635,9 +635,9 @@ def _demo(args: argparse.Namespace) -> int:
 
         from .api import transform_with
         from .demo import demo_model
-        from .numerics import rel_err
-        from .policy import Policy
-        from .report import report
+        from .precision.policy import Policy
+        from .precision.report import report
+        from .show.numerics import rel_err
 
         model, inputs = demo_model()
         policy = Policy(dtype=args.dtype, upsample=args.upsample)
@@ -678,7 +678,7 @@ def _dtype_option(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from .dtypes import NAMES
+    from .graph.dtypes import NAMES
 
     # nargs="?" with a check after parsing: `check --inputs 4x16 file.py:mlp` would otherwise
     # hand the target to --inputs and report it missing (see _take_target).
@@ -743,7 +743,7 @@ def _selector_flags(args: argparse.Namespace) -> dict:
                  "overflow": getattr(args, "overflow", "auto")}
     spec = getattr(args, "calibration", None)
     if spec:
-        from .target import load_batches
+        from .precision.target import load_batches
 
         out["calibration"] = load_batches(spec)
     recipe = getattr(args, "fp8", None)
@@ -757,7 +757,7 @@ def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
     """The target where an option before it took it (``--inputs 4x16 file.py:mlp``)."""
     if not hasattr(args, "target"):
         return
-    from .target import is_input_spec
+    from .precision.target import is_input_spec
 
     if args.target is None and args.inputs:
         for k, item in enumerate(args.inputs):
@@ -771,7 +771,7 @@ def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
 def _check_usage(args: argparse.Namespace) -> None:
     """The usage errors found without torch (a TARGET without a factory or a file, a bad input
     spec), reported before anything imports it: at once, not after seconds of imports."""
-    from .target import check_input_spec, check_target
+    from .precision.target import check_input_spec, check_target
 
     if getattr(args, "target", None) is not None:
         check_target(args.target)
@@ -875,7 +875,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _families(args: argparse.Namespace) -> int:
-    from .coverage import families_markdown
+    from .precision.coverage import families_markdown
 
     print(families_markdown())
     return 0

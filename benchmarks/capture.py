@@ -37,8 +37,8 @@ import torch
 from torch.export import Dim
 
 import amprewrite
-from amprewrite.numerics import rel_err
-from amprewrite.shapes import BATCH, capture_spec
+from amprewrite.graph.shapes import BATCH, capture_spec
+from amprewrite.show.numerics import rel_err
 from amprewrite.testing import zoo
 
 from .common import save, table

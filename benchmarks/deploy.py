@@ -4,7 +4,7 @@ example's batch and two others, and compile with AOTInductor (issue 24).
     python -m benchmarks.deploy [--models llama gpt2 ...] [--dtypes bf16 fp16] [--to pt2 aoti]
     python -m benchmarks deploy [same options]
 
-For each (model, dtype, format) one :func:`amprewrite.deploy.export` call with
+For each (model, dtype, format) one :func:`amprewrite.deploy.export.export` call with
 ``other_batches=2``; inductor's on-disk FX-graph cache is off, so every AOTInductor package
 really compiles. A row records the batch sizes the artefact ran at, its largest relative
 difference from the GraphModule's output (goal: at most 1e-6), its error against fp32 next to
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from amprewrite import deploy
+from amprewrite.deploy import export as deploy
 from amprewrite.testing import zoo
 
 from .common import save, table
@@ -43,7 +43,7 @@ COLUMNS = ["model", "dtype", "to", "batch_range", "batches", "graph_diff", "erro
 
 
 def measure(name: str, dtype: str, to: str, out: Path) -> dict:
-    """One :func:`amprewrite.deploy.export` of zoo model ``name``, as a row."""
+    """One :func:`amprewrite.deploy.export.export` of zoo model ``name``, as a row."""
     row: dict[str, object] = {"model": name, "dtype": dtype, "to": to}
     model, inputs = zoo.MODELS[name]()
     torch._dynamo.reset()

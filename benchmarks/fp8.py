@@ -38,7 +38,7 @@ AdamW step, against the fp32 model's doing the same from the same weights), ``gr
 (training: relative L2 error of all parameter gradients of the first step against fp32's),
 ``fp8_linears`` / ``linears`` (linears in float8: amprewrite's report verdicts, torchao's
 ``Float8Linear`` modules) and, for amprewrite, ``fp8_calls`` (the graph's calls of
-``amprewrite.float8.graph_linear``, which must equal the report's count) and
+``amprewrite.precision.float8.graph_linear``, which must equal the report's count) and
 ``first_call_s`` (the first call: compile). Writes ``fp8_<device>.{json,csv}`` under ``--out``
 (default docs/benchmarks/), the json with every amprewrite verdict.
 
@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import amprewrite
-from amprewrite.float8 import Float8
+from amprewrite.precision.float8 import Float8
 
 from . import common
 from .common import RESULTS, interleaved, table
@@ -146,7 +146,7 @@ def _torchao_filter(recipe: str, size: str):
 
 def _amprewrite_counts(gm) -> tuple[int, int, int, dict]:
     """(float8 verdicts in the report, the graph's float8 calls, linears judged, verdicts)."""
-    from amprewrite import float8 as f8
+    from amprewrite.precision import float8 as f8
 
     judged = [d for d in amprewrite.report(gm).decisions if getattr(d, "fp8", None)]
     verdicts = {}
@@ -350,8 +350,8 @@ def zoo_rows(names: list[str], recipe: str = "rowwise") -> list[dict]:
     mode on its example inputs, with ``fp8=Float8(recipe, min_speedup=0)`` (the cost model off:
     nothing this small pays) and with ``fp8=recipe`` (the cost model on: an H100), against the
     plain bf16 transform's output error."""
+    from amprewrite.capture.verify import float_leaves, rel_err
     from amprewrite.testing import zoo
-    from amprewrite.verify import float_leaves, rel_err
 
     builders = {**zoo.MODELS, **zoo.MORE}
     rows = []

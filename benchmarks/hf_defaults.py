@@ -100,7 +100,7 @@ def probe(model_type: str, dtype: str) -> dict:
     """One row: ``verdict`` "ok", "fail" (with ``compile_eager``: None when the eager-backend
     torch.compile with fullgraph=True captures the model) or "skip" (no small config)."""
     import amprewrite
-    from amprewrite.numerics import rel_err
+    from amprewrite.show.numerics import rel_err
 
     row: dict = {"model": model_type}
     try:

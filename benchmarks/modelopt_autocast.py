@@ -38,14 +38,14 @@ The files of each case, all with static shapes: ``fp32`` (``torch.onnx.export(mo
 dynamo=True)``, onnxscript's optimizer on, as a user exports), ``modelopt``
 (``modelopt.onnx.autocast.convert_to_mixed_precision(fp32 file, "fp16", keep_io_types=True,
 calibration_data=<the example inputs as .npz>)``: its defaults otherwise, data_max 512) and
-``amprewrite`` (``amprewrite.deploy.export(model, inputs, to="onnx", dtype="fp16",
+``amprewrite`` (``amprewrite.deploy.export.export(model, inputs, to="onnx", dtype="fp16",
 dynamic_batch=False)``; where transform raises VerificationError, again with verify=False, and
 the row says so). A fourth file, ``modelopt_random``, is AutoCast without calibration data (its
 default then: random inputs), as a user who has none runs it; the goals compare against the
 calibrated one. Columns per file:
 
 - ``error``: relative L2 error of the outputs against the fp32 PyTorch model, the file run with
-  every value it declares float16 really rounded (amprewrite.onnx_rounded); ``ort_error`` the
+  every value it declares float16 really rounded (amprewrite.deploy.onnx_rounded); ``ort_error`` the
   same in plain onnxruntime CPU, which computes most float16 ops in float32;
 - ``nonfinite``: output elements that are inf or NaN in the rounded run;
 - ``fp32_nodes``: compute nodes (not Cast, Constant, Identity, or shape ops) with a float32
@@ -85,10 +85,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from amprewrite import deploy
+from amprewrite.capture.verify import float_leaves, rel_err
+from amprewrite.deploy import export as deploy
 from amprewrite.errors import VerificationError
 from amprewrite.testing import zoo
-from amprewrite.verify import float_leaves, rel_err
 
 from .common import interleaved, save, table
 
@@ -315,8 +315,8 @@ def describe(path: Path, inputs: tuple, refs: list[torch.Tensor]) -> dict:
     import onnx
     import onnxruntime
 
-    from amprewrite.onnx_lean import cast_count
-    from amprewrite.onnx_rounded import RoundedSession
+    from amprewrite.deploy.onnx_lean import cast_count
+    from amprewrite.deploy.onnx_rounded import RoundedSession
 
     model = onnx.load(os.fspath(path))
     feeds = feeds_for(path, inputs)

@@ -4,7 +4,8 @@
 
 ``AMPREWRITE_MUTANT`` is ``family=class`` (classes: ``low``, ``fp32``, ``promote``,
 ``neutral``; several mutations separated by commas). The plugin replaces the family in
-``amprewrite.ops`` with :func:`amprewrite.ops.register_family` when pytest loads it, before any
+``amprewrite.precision.ops`` with :func:`amprewrite.precision.ops.register_family` when pytest
+loads it, before any
 test module is imported; passes look families up when they run, so every transform in the
 session sees the flipped class. Production code reads no environment variable: without this
 plugin, or without the variable, nothing changes. ``python -m benchmarks mutants`` runs the test
@@ -18,7 +19,7 @@ import os
 
 import pytest
 
-from amprewrite.ops import FAMILIES, Precision, register_family
+from amprewrite.precision.ops import FAMILIES, Precision, register_family
 
 ENV = "AMPREWRITE_MUTANT"
 
@@ -30,7 +31,7 @@ def parse(spec: str) -> list[tuple[str, Precision]]:
         name, sep, cls = item.partition("=")
         if not sep or name not in FAMILIES:
             raise pytest.UsageError(f"{ENV}={spec!r}: '{item}' is not family=class with a family "
-                                    "of amprewrite.ops.FAMILIES")
+                                    "of amprewrite.precision.ops.FAMILIES")
         try:
             out.append((name, Precision(cls.strip().lower())))
         except ValueError:

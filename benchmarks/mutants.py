@@ -2,7 +2,8 @@
 
     python -m benchmarks mutants                          # every FP32 and LOW family
     python -m benchmarks mutants --families softmax conv  # some of them
-    python -m benchmarks mutants --tests tests/test_seeds.py tests/test_ops.py --name mutants_before
+    python -m benchmarks mutants --tests tests/test_seeds.py tests/precision/test_ops.py --name
+    mutants_before
 
 Each FP32 family in turn becomes PROMOTE (it follows its inputs, like autocast's unlisted ops)
 and each LOW family becomes FP32; the test selection then runs in a subprocess
@@ -22,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from amprewrite.ops import FAMILIES, Precision
+from amprewrite.precision.ops import FAMILIES, Precision
 
 from .common import RESULTS, save, table
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TESTS = ["tests/test_precision_classes.py", "tests/test_seeds.py"]
+DEFAULT_TESTS = ["tests/precision/test_precision_classes.py", "tests/test_seeds.py"]
 FLIP = {Precision.FP32: Precision.PROMOTE, Precision.LOW: Precision.FP32}
 COLUMNS = ["family", "class", "flipped to", "result", "first failing test", "seconds"]
 

@@ -28,7 +28,8 @@ import time
 import torch
 
 import amprewrite
-from amprewrite import plans
+from amprewrite.capture.verify import rel_err
+from amprewrite.compile import block_plans as plans
 from amprewrite.testing.scale import (
     blocks_model,
     compile_blocks,
@@ -36,7 +37,6 @@ from amprewrite.testing.scale import (
     growing_mlp,
     train,
 )
-from amprewrite.verify import rel_err
 
 from .common import save, table
 

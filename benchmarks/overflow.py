@@ -21,7 +21,7 @@ For each case, in fp16 with example inputs and no selector from the user:
   drawn like them (floats from a normal of the same mean and spread, integers uniform over the
   same range): per value (nodes whose magnitude is at least 1e-3 of the graph's largest), the
   largest magnitude over the fresh batches over the example's; ``max`` and ``p99`` over the
-  values. The headroom of 16 below fp16's maximum (amprewrite.ranges.HEADROOM) is meant to
+  values. The headroom of 16 below fp16's maximum (amprewrite.precision.ranges.HEADROOM) is meant to
   cover this.
 """
 
@@ -35,9 +35,9 @@ import warnings
 import torch
 
 import amprewrite
+from amprewrite.capture.verify import float_leaves, rel_err
 from amprewrite.testing import overflow
 from amprewrite.testing.zoo import call
-from amprewrite.verify import float_leaves, rel_err
 
 from .common import save, table
 

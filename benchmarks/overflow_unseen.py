@@ -32,9 +32,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import amprewrite
+from amprewrite.capture.verify import float_leaves, rel_err
 from amprewrite.testing.overflow import matmul_flops, overflowing_modules
 from amprewrite.testing.zoo import call
-from amprewrite.verify import float_leaves, rel_err
 
 warnings.filterwarnings("ignore")
 OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks", "overflow_unseen.json")

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 import amprewrite
-from amprewrite.capture import capture
-from amprewrite.report_html import report_page
+from amprewrite.capture.trace import capture
+from amprewrite.show.html import report_page
 
 from .common import save, table
 

@@ -19,7 +19,7 @@ towards the chain's entropy, ln 4 = 1.39. Every recipe wraps each decoder layer 
   (tensorwise, ``enable_fsdp_float8_all_gather=True``; ``lm_head`` left out, as torchtitan
   leaves out its output layer) and ``precompute_float8_dynamic_scale_for_fsdp`` after each
   optimizer step (torchtitan's float8 recipe). gloo has no float8 dtype: the float8 buffers
-  move as bytes (``amprewrite.sharding.count_comm``'s all-gather).
+  move as bytes (``amprewrite.compile.sharding.count_comm``'s all-gather).
 - ``amprewrite, fp32 gathers``: the guide's recipe before ``amprewrite.fully_shard``: each
   block ``torch.compile(backend="amprewrite", options={"inner": "eager"})``, torch's
   ``fully_shard`` without a policy.
@@ -30,7 +30,8 @@ towards the chain's entropy, ln 4 = 1.39. Every recipe wraps each decoder layer 
   the weights the plan runs in float8 gathered in float8 from the second step (the first
   makes the plan). Its bytes are the last step's.
 
-Bytes are counted in FSDP2's own collectives (``amprewrite.sharding.count_comm``): all-gather
+Bytes are counted in FSDP2's own collectives (``amprewrite.compile.sharding.count_comm``):
+all-gather
 outputs (the unsharded, padded parameters) and reduce-scatter inputs (the gradients), per rank
 and step, summed over the step's collectives (a group gathering several dtypes, float8 weights
 next to bf16 norms, gathers one uint8 buffer). The loss of a step is averaged over ranks.
@@ -126,7 +127,7 @@ def _batch(step: int) -> torch.Tensor:
 def _worker(rank: int, world: int, init: str, out: str, recipe: str, steps: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     try:
-        from amprewrite.sharding import count_comm, float8_gathers
+        from amprewrite.compile.sharding import count_comm, float8_gathers
 
         model = _prepare(_model(), recipe)
         opt = torch.optim.AdamW(model.parameters(), lr=LR)

@@ -39,7 +39,7 @@ per-block ``compile``, FSDP2) unchanged. What it changes, in this process only:
   inputs that require grad on CPU, so the flex region's own CPU paths run;
 
 Each step runs forward and backward on a fixed batch (the same every step, so the loss falls
-within a few steps) under ``amprewrite.sharding.count_comm`` and one AdamW step (lr 8e-4,
+within a few steps) under ``amprewrite.compile.sharding.count_comm`` and one AdamW step (lr 8e-4,
 torchtitan's default); rank 0 prints one JSON line per step: the loss (summed cross entropy over
 the global token count, torchtitan's normalisation, all-reduced over the data-parallel ranks)
 and the bytes rank 0 all-gathered and reduce-scattered, by dtype.
@@ -213,7 +213,7 @@ def _train(rank: int, args) -> None:
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
     import amprewrite
-    import amprewrite.sharding
+    import amprewrite.compile.sharding
 
     _patch_device()
     _patch_flex(args.patch_flex)
@@ -301,7 +301,7 @@ def _train(rank: int, args) -> None:
                                             "tp": parallel_dims.tp}}), flush=True)
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        with amprewrite.sharding.count_comm(model) as comm, train_context():
+        with amprewrite.compile.sharding.count_comm(model) as comm, train_context():
             kwargs = {"positions": positions}
             if args.attn in ("flex", "varlen"):
                 kwargs["attention_masks"] = model.get_attention_masks(positions=positions)

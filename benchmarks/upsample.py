@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from amprewrite.passes.replace_upsample import ReplaceUpsample
-from amprewrite.policy import Policy
+from amprewrite.precision.policy import Policy
 
 from .common import interleaved, save, table
 

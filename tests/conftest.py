@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from amprewrite import codegen
+from amprewrite.graph import codegen
 
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     # `pytest -n N` (the README's command): the workers share the threads torch would use
@@ -17,7 +17,8 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 @pytest.fixture(autouse=True, scope="session")
 def _codegen_checked_against_fx():
-    """Every graph amprewrite recompiles in the suite is written both by amprewrite.codegen and
+    """Every graph amprewrite recompiles in the suite is written both by amprewrite.graph.codegen
+    and
     by torch.fx, and a difference fails the test that made it."""
     codegen.check(True)
     yield

@@ -12,11 +12,11 @@ import torch
 from torch import fx, nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite import runtime
-from amprewrite.numerics import rel_err  # noqa: F401  (re-exported for the tests)
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.graph import runtime
 from amprewrite.passes.recompute_islands import region_bodies
+from amprewrite.precision.ops import Precision
+from amprewrite.show.numerics import rel_err  # noqa: F401  (re-exported for the tests)
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -233,10 +233,10 @@ def graph_signature(gm: fx.GraphModule) -> list[tuple]:
 def prepared(model, last: str, example_inputs=None, **options):
     """``model`` captured and run through the passes before the one named ``last``; returns
     (graph, that pass bound to the policy), for a test to run it with ``run_pass`` and inspect."""
-    from amprewrite.capture import capture
+    from amprewrite.capture.trace import capture
     from amprewrite.passes import pipeline, run_until
-    from amprewrite.policy import Policy
-    from amprewrite.report import REPORT_KEY, Report
+    from amprewrite.precision.policy import Policy
+    from amprewrite.precision.report import REPORT_KEY, Report
 
     policy = Policy(**options)
     gm = capture(model, example_inputs).gm

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.precision.ops import Precision
 
 from .helpers import LOW_DTYPES, by_family, rel_err, transform, unchanged
 

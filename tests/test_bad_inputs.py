@@ -507,7 +507,7 @@ def test_symbolic_trace_failure_names_the_assignment_not_control_flow():
 
 def test_an_exported_program_gives_an_exported_program():
     """transform(ep) said to wrap a function in a module, then to pass ep.module(); it
-    transforms the program and returns one (tests/test_exported_program.py), and ep.module()
+    transforms the program and returns one (tests/capture/test_exported_program.py), and ep.module()
     still gives a GraphModule."""
     model, x = nn.Sequential(nn.Linear(8, 8), nn.Softmax(-1)).eval(), torch.randn(2, 8)
     ep = torch.export.export(model, (x,))

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import cli, render
+from amprewrite import cli
+from amprewrite.show import render
 
 from .helpers import cli_process, run_cli
 
@@ -377,7 +378,7 @@ def test_one_file_is_one_file(capsys, tmp_path):
 
 
 def test_explore_removes_its_temporary_folder(capsys, tmp_path, monkeypatch):
-    from amprewrite import explorer
+    from amprewrite.show import explorer
 
     served = []
     monkeypatch.setattr(explorer, "_require", lambda: None)

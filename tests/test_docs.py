@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from amprewrite.coverage import families_markdown, torch_minor
-from amprewrite.ops import FAMILIES
+from amprewrite.precision.coverage import families_markdown, torch_minor
+from amprewrite.precision.ops import FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def _exists(spelling: str) -> bool:
     """Whether this torch has a function or Tensor method so spelled."""
     import torch
 
-    from amprewrite.modules import get_attr
+    from amprewrite.graph.modules import get_attr
 
     root, _, rest = spelling.partition(".")
     base = {"torch": torch, "Tensor": torch.Tensor, "nn": torch.nn}.get(root)
@@ -348,7 +348,7 @@ def test_benchmark_tables_are_the_generated_ones():
 def test_the_guide_names_the_decision_fields_as_the_dataclass_does():
     import dataclasses
 
-    from amprewrite.report import Decision
+    from amprewrite.precision.report import Decision
 
     text = (ROOT / "docs" / "guide.md").read_text()
     section = text[text.index("## The report"):text.index("## Errors")]

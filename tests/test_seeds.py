@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amprewrite import meta as M
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.precision.ops import Precision
 
 from .helpers import (
     LOW_DTYPES,

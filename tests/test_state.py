@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import kernels, ops
-from amprewrite import meta as M
+from amprewrite.graph import meta as M
+from amprewrite.precision import kernels, ops
 
 
 class Block(nn.Module):

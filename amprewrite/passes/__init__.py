@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from torch import fx, nn
 
-from .. import meta as M
-from ..codegen import lint, recompile
 from ..errors import AmpRewriteError, PassError
-from ..policy import Policy
+from ..graph import meta as M
+from ..graph.codegen import lint, recompile
+from ..precision.policy import Policy
+from ..precision.ranges import ValueRange, declared_fp32
 from ..progress import detail
-from ..ranges import ValueRange, declared_fp32
 from .base import CAPTURED, Kind, Pass
 from .float8_linears import Float8Linears
 from .freeze_dtype_reads import FreezeDtypeReads
@@ -152,7 +152,8 @@ def check_order(passes: Sequence[Pass]) -> None:
         if missing:
             raise PassError(
                 f"amprewrite pass '{p.name}' requires node.meta keys {missing} that no earlier "
-                "pass writes; move it after the pass that writes them (see amprewrite/meta.py)."
+                "pass writes; move it after the pass that writes them (see "
+                "amprewrite/graph/meta.py)."
             )
         available.update(p.writes)
 

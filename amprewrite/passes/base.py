@@ -41,11 +41,11 @@ from torch import fx
 from torch.fx.operator_schemas import get_signature_for_torch_op, normalize_function
 from torch.fx.passes.infra.pass_base import PassResult
 
-from .. import meta as M
-from ..modules import submodule
-from ..ops import FAMILIES, Precision, family_of
-from ..policy import Policy
-from ..report import record
+from ..graph import meta as M
+from ..graph.modules import submodule
+from ..precision.ops import FAMILIES, Precision, family_of
+from ..precision.policy import Policy
+from ..precision.report import record
 
 __all__ = ["LOW_FLOPS", "Builder", "Kind", "Match", "Pass", "Replacement", "Rule", "RulePass",
            "apply_rules", "arguments", "new_node"]

@@ -12,7 +12,8 @@ Rewrite to:
     when nothing else reads it
 
 Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
-``include``/``exclude`` selectors first, then the cost model (:func:`amprewrite.float8.speedup`
+``include``/``exclude`` selectors first, then the cost model
+(:func:`amprewrite.precision.float8.speedup`
 on the example inputs' rows), then the numerics check: the graph runs once on the example
 inputs and each candidate's float8 error on its own inputs is compared with its bf16 error
 (:func:`errors`; docs/guide.md, "float8", and docs/design-notes.md). Without
@@ -28,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from .. import float8 as f8
-from .. import meta as M
-from ..capture import split_inputs
-from ..ops import Precision, is_plain_matmul
-from ..report import record
-from ..verify import rel_err, replayed
+from ..capture.trace import split_inputs
+from ..capture.verify import rel_err, replayed
+from ..graph import meta as M
+from ..precision import float8 as f8
+from ..precision.ops import Precision, is_plain_matmul
+from ..precision.report import record
 from .base import Kind, Pass, arguments, given_parameters, matmul_operands
 from .paint_precision import matches
 
@@ -75,7 +76,7 @@ def _operands(gm: fx.GraphModule, node: fx.Node) -> tuple | None:
 def errors(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, recipe: str,
            low: torch.dtype = torch.bfloat16) -> tuple[float, float]:
     """(bf16 error, float8 error) of one linear on these operands: the relative L2 error of
-    ``F.linear`` in ``low`` and of :func:`amprewrite.float8.linear` against fp64."""
+    ``F.linear`` in ``low`` and of :func:`amprewrite.precision.float8.linear` against fp64."""
     ref = F.linear(input.double(), weight.double(), None if bias is None else bias.double())
     x = input.to(low)
     b = None if bias is None else bias.to(low)
@@ -140,7 +141,7 @@ class Float8Linears(Pass):
     example_inputs: object = None  # set by passes.pipeline(...)
     # Set by passes.pipeline(...): (bf16 error, float8 error) by node name measured on other
     # blocks the plan must also hold for, and a function that widens them across ranks
-    # (amprewrite.plans.across_ranks), or None. The worse pair of each linear decides.
+    # (amprewrite.compile.block_plans.across_ranks), or None. The worse pair of each linear decides.
     prior: dict[str, tuple[float, float]] | None = None
     reduce: object = None
 

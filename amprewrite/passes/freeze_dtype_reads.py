@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import builtins
 
-from .. import meta as M
-from ..meta import info
+from ..graph import meta as M
+from ..graph.meta import info
 from .base import Kind, Match, Replacement, Rule, RulePass
 
 __all__ = ["FreezeDtypeReads"]

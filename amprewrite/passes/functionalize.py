@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from .. import meta as M
 from ..errors import ModelError
-from ..meta import ValueInfo, info
-from ..modules import get_attr, submodule
-from ..ops import (
+from ..graph import meta as M
+from ..graph.meta import ValueInfo, info
+from ..graph.modules import get_attr, submodule
+from ..graph.runtime import VIEW_FUNCTIONS, setitem, view_function_key, write_view
+from ..precision.ops import (
     Alias,
     Write,
     alias_of,
@@ -60,8 +61,7 @@ from ..ops import (
     is_conversion,
     write_of,
 )
-from ..report import record
-from ..runtime import VIEW_FUNCTIONS, setitem, view_function_key, write_view
+from ..precision.report import record
 from .base import Kind, Pass
 
 __all__ = ["Functionalize"]

@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from torch import fx
 
-from .. import meta as M
-from ..meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
-from ..modules import get_attr, submodule
-from ..ops import (
+from ..graph import meta as M
+from ..graph.meta import OTHER, UNKNOWN_TENSOR, ValueInfo, info
+from ..graph.modules import get_attr, submodule
+from ..precision.ops import (
     FACTORY_FROM_DATA,
     FACTORY_RANGE,
     Out,

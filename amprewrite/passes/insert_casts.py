@@ -6,7 +6,7 @@ Rewrite to: ``x_bf16 = x.to(torch.bfloat16); w_bf16 = w.to(torch.bfloat16); ...;
 
 One cast per (value, dtype), placed right after the value and shared by all its consumers.
 Values whose dtype the trace could not know (graph inputs traced without example inputs) get a
-guarded cast, :func:`amprewrite.runtime.cast_if_float`, that leaves integer and bool tensors
+guarded cast, :func:`amprewrite.graph.runtime.cast_if_float`, that leaves integer and bool tensors
 alone.
 """
 
@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .. import meta as M
-from ..meta import HIGH, LOW, info
-from ..ops import Mixed, Precision, conversion_target, fp32_helper_of, is_conversion
-from ..plan import requirement
-from ..report import record
-from ..runtime import cast_if_float
+from ..graph import meta as M
+from ..graph.meta import HIGH, LOW, info
+from ..graph.runtime import cast_if_float
+from ..precision.cast_plan import requirement
+from ..precision.ops import Mixed, Precision, conversion_target, fp32_helper_of, is_conversion
+from ..precision.report import record
 from .base import Kind, Pass, new_node
 
 __all__ = ["InsertCasts", "add_cast"]

@@ -7,7 +7,8 @@ so that every later pass sees one IR — the one dynamo (and so the torch.compil
 produces — and LOW ops can have their weights cast in the graph. Modules whose behaviour depends
 on ``module.training`` (BatchNorm, Dropout) stay ``call_module`` so ``gm.train()``/``gm.eval()``
 switch them at run time; so do subclasses (their ``forward`` may differ) and hooked modules.
-The lowering of each module class is its family's ``lower`` entry in :mod:`amprewrite.ops`.
+The lowering of each module class is its family's ``lower`` entry in
+:mod:`amprewrite.precision.ops`.
 The lowered modules stay in ``gm`` (unused): they hold the parameters under their names.
 """
 
@@ -16,9 +17,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .. import meta as M
-from ..modules import hooked, submodule, tensor_attr
-from ..ops import lowering
+from ..graph import meta as M
+from ..graph.modules import hooked, submodule, tensor_attr
+from ..precision.ops import lowering
 from .base import Kind, Match, Replacement, Rule, RulePass, new_node
 
 __all__ = ["NormalizeModules"]

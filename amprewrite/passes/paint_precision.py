@@ -2,10 +2,11 @@
 
 Order of the rules, each overriding the previous (the reason of the last one is recorded):
 
-1. the op registry (``amprewrite/ops.py``); an op it does not know runs in FP32 with its inputs
+1. the op registry (``amprewrite/precision/ops.py``); an op it does not know runs in FP32 with its
+inputs
    cast up (named in the report), unknown leaf modules run in FP32 on their own fp32
    parameters; ops whose low-precision kernel the probe finds missing or wrong are FP32 islands
-   (``amprewrite/kernels.py``); non-float values NONFLOAT;
+   (``amprewrite/precision/kernels.py``); non-float values NONFLOAT;
 2. **position cones**: a float computed from an integer tensor (``arange``, ``position_ids``,
    timesteps) is FP32 up to and including the first bounded op (sin/cos/sigmoid/tanh/softmax) or
    LOW op: bf16 keeps only 769 distinct values of 0..4095, so positions would collide; and
@@ -13,9 +14,10 @@ Order of the rules, each overriding the previous (the reason of the last one is 
    position-bias MLP) runs in FP32: no input reaches it, so its cost does not grow with the batch;
 3. **declarations**: ops that read a parameter the model's authors declare fp32
    (transformers' ``_keep_in_fp32_modules`` in fp16, ``_keep_in_fp32_modules_strict`` in fp16
-   and bf16; :func:`amprewrite.ranges.declared_fp32`), through views of it, run in FP32;
+   and bf16; :func:`amprewrite.precision.ranges.declared_fp32`), through views of it, run in FP32;
 4. **ranges** (``meta[RANGE]``, recorded by record_ranges): a value whose magnitude on the
-   example inputs passes :func:`amprewrite.ranges.range_limit` is computed and stored in FP32,
+   example inputs passes :func:`amprewrite.precision.ranges.range_limit` is computed and stored in
+   FP32,
    and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
    subnormal (a 1e-6 layer scale in fp16; a bias alone rescale_matmuls has split off, to be
    added in fp32); where they keep more than half of the matmul FLOPs fp32, a note says so;
@@ -34,11 +36,11 @@ import operator
 import torch
 from torch import fx
 
-from .. import meta as M
-from ..kernels import low_kernel_problem, mixed_problem
-from ..meta import HIGH, LOW, info
-from ..modules import submodule
-from ..ops import (
+from ..graph import meta as M
+from ..graph.meta import HIGH, LOW, info
+from ..graph.modules import submodule
+from ..precision.kernels import low_kernel_problem, mixed_problem
+from ..precision.ops import (
     FAMILIES,
     Family,
     Mixed,
@@ -54,9 +56,15 @@ from ..ops import (
     qualified_name,
     writes_in_place,
 )
-from ..policy import Selector
-from ..ranges import TINY_SHARE, describe_limit, narrower_than_fp32, range_limit, short_name
-from ..report import REPORT_KEY
+from ..precision.policy import Selector
+from ..precision.ranges import (
+    TINY_SHARE,
+    describe_limit,
+    narrower_than_fp32,
+    range_limit,
+    short_name,
+)
+from ..precision.report import REPORT_KEY
 from .base import LOW_FLOPS, Kind, Pass, matmul_flops
 
 __all__ = ["PaintPrecision", "matches"]
@@ -98,7 +106,8 @@ def matches(node: fx.Node, selector: Selector) -> bool:
 def range_reason(node: fx.Node, low: torch.dtype, where: str = "the example inputs",
                  own: bool = True, reads: bool = True) -> str | None:
     """Why the ranges record_ranges wrote keep ``node`` out of ``low`` (None: they do not):
-    with ``own``, its value passes :func:`~amprewrite.ranges.range_limit`; with ``reads`` (a
+    with ``own``, its value passes :func:`~amprewrite.precision.ranges.range_limit`; with ``reads``
+    (a
     LOW op), it reads an input past the limit, or a weight past ``low``'s largest number or
     that ``low`` would store mostly subnormal. ``where``: what the ranges were taken on."""
     if not narrower_than_fp32(low):
@@ -449,7 +458,7 @@ class PaintPrecision(Pass):
                       "transform on a machine that has it to check its low-precision kernels")
             return
         # Imported here: the rest of this module needs only low_kernel_problem.
-        from ..kernels import NOT_CONFIRMED
+        from ..precision.kernels import NOT_CONFIRMED
 
         unconfirmed: dict[str, list[str]] = {}  # op -> nodes whose low kernel no probe ran
         verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup

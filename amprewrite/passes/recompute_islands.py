@@ -24,11 +24,11 @@ import operator
 import torch
 from torch import fx
 
-from .. import meta as M
-from .. import runtime
-from ..meta import HIGH, LOW
-from ..ops import Precision, is_pointwise, kept_for_backward
-from ..report import record, region_bodies
+from ..graph import meta as M
+from ..graph import runtime
+from ..graph.meta import HIGH, LOW
+from ..precision.ops import Precision, is_pointwise, kept_for_backward
+from ..precision.report import record, region_bodies
 from .base import Kind, Pass
 
 __all__ = ["RecomputeIslands", "region_bodies"]

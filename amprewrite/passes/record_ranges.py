@@ -17,13 +17,13 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .. import meta as M
-from ..capture import split_inputs
+from ..capture.trace import split_inputs
+from ..capture.verify import replayed
 from ..errors import ModelError
-from ..modules import get_attr
-from ..ranges import ValueRange, merge, tensor_range, widest
-from ..report import REPORT_KEY
-from ..verify import replayed
+from ..graph import meta as M
+from ..graph.modules import get_attr
+from ..precision.ranges import ValueRange, merge, tensor_range, widest
+from ..precision.report import REPORT_KEY
 from .base import Kind, Pass
 
 __all__ = ["RecordRanges", "by_name", "qualified_names", "record_ranges"]
@@ -160,7 +160,7 @@ class RecordRanges(Pass):
     example_inputs: object = None  # set by passes.pipeline(...); None: parameters only
     # Set by passes.pipeline(...): ranges by node name the plan must also hold for (other
     # blocks, steps), widened with the recorded ones; and a function that widens ranges by
-    # name across ranks (amprewrite.plans.across_ranks), or None.
+    # name across ranks (amprewrite.compile.block_plans.across_ranks), or None.
     prior: Mapping[str, ValueRange] | None = None
     reduce: Callable[[dict[str, ValueRange]], dict[str, ValueRange]] | None = None
 

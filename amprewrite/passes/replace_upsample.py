@@ -40,11 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from .. import meta as M
 from ..errors import PolicyError
-from ..kernels import disable_modes
-from ..meta import ValueInfo, info
-from ..ops import (
+from ..graph import meta as M
+from ..graph.meta import ValueInfo, info
+from ..graph.runtime import memory_format_of, nearest_scale, output_sizes, repeat_factor
+from ..precision.kernels import disable_modes
+from ..precision.ops import (
     INTERPOLATE_FUNCTIONS,
     MODE_RANK,
     NEAREST_MODES,
@@ -52,7 +53,6 @@ from ..ops import (
     Precision,
     upsample_mode,
 )
-from ..runtime import memory_format_of, nearest_scale, output_sizes, repeat_factor
 from .base import Builder, Kind, Match, Replacement, Rule, RulePass
 
 __all__ = ["ReplaceUpsample", "has_kernel"]

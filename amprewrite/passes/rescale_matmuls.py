@@ -4,7 +4,7 @@ power of two, and its result is scaled back in fp32: every such matmul with
 would leave less than half of the matmul FLOPs in fp16 (:data:`LOW_FLOPS`).
 
 Matches (with ``meta[RANGE]`` from record_ranges, in fp16, where the result passes
-:func:`amprewrite.ranges.range_limit` and the inputs do not):
+:func:`amprewrite.precision.ranges.range_limit` and the inputs do not):
     ``y = linear(x, w, b)``  /  ``y = addmm(b, x, w)``  /  ``y = x @ w`` (matmul, mm, bmm)
     /  ``y = conv2d(x, w, b, ...)`` (conv1d/2d/3d, transposed, ``convolution``)
     with ``w`` a parameter
@@ -33,7 +33,8 @@ First, in fp16 whatever ``overflow`` is, a matmul whose only obstacle is its bia
 it: a bias fp16 would store mostly subnormal (torchvision's ViT initialises its MLP biases with
 std 1e-6) costs its own add, not its matmul's FLOPs.
 
-Matches (a parameter ``b`` with more than :data:`~amprewrite.ranges.TINY_SHARE` of its nonzero
+Matches (a parameter ``b`` with more than :data:`~amprewrite.precision.ranges.TINY_SHARE` of its
+nonzero
 values below fp16's smallest normal number; the data, the weight and the result in range):
     ``y = linear(x, w, b)``  /  ``y = addmm(b, x, w)``  /  ``y = conv2d(x, w, b, ...)``
 Rewrite to:
@@ -52,9 +53,15 @@ import operator
 import torch
 from torch import fx
 
-from .. import meta as M
-from ..ops import FAMILIES, Precision, family_of
-from ..ranges import TINY_SHARE, ValueRange, describe_limit, narrower_than_fp32, range_limit
+from ..graph import meta as M
+from ..precision.ops import FAMILIES, Precision, family_of
+from ..precision.ranges import (
+    TINY_SHARE,
+    ValueRange,
+    describe_limit,
+    narrower_than_fp32,
+    range_limit,
+)
 from .base import (
     LOW_FLOPS,
     Kind,

@@ -20,11 +20,11 @@ from collections import defaultdict
 import torch
 from torch import fx, nn
 
-from .. import meta as M
-from ..meta import HIGH, LOW
-from ..modules import set_attr
-from ..ops import Precision
-from ..report import record
+from ..graph import meta as M
+from ..graph.meta import HIGH, LOW
+from ..graph.modules import set_attr
+from ..precision.ops import Precision
+from ..precision.report import record
 from .base import Kind, Pass
 from .insert_casts import add_cast
 

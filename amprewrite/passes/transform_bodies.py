@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 
 from torch import fx
 
-from .. import meta as M
-from ..capture import annotate_dynamo_graph
-from ..ops import Precision
-from ..report import REPORT_KEY, Report, decisions_of
+from ..capture.trace import annotate_dynamo_graph
+from ..graph import meta as M
+from ..precision.ops import Precision
+from ..precision.report import REPORT_KEY, Report, decisions_of
 from .base import Kind, Pass
 
 __all__ = ["BODY_OPS", "TransformBodies"]
@@ -43,9 +43,10 @@ class TransformBodies(Pass):
     # check run on ``inputs`` (set by passes.pipeline).
     run_inner: Callable[..., fx.GraphModule] | None = None
     # Set by passes.pipeline(...): float8 errors by qualified node name (``<body>.<node>``) the
-    # plan must also hold for (amprewrite.plans), as Float8Linears.prior.
+    # plan must also hold for (amprewrite.compile.block_plans), as Float8Linears.prior.
     fp8_prior: Mapping[str, tuple[float, float]] | None = None
-    reduce: Callable[..., dict] | None = None  # across ranks (amprewrite.plans.across_ranks)
+    # across ranks (amprewrite.compile.block_plans.across_ranks)
+    reduce: Callable[..., dict] | None = None
 
     def run(self, gm: fx.GraphModule) -> bool:
         inner = dataclasses.replace(self.policy, keep_io_dtype=True)
@@ -78,7 +79,8 @@ class TransformBodies(Pass):
                      if k.startswith(prefix + ".")}
             new_body = self.run_inner(body, inner, inputs.get(prefix), prior, self.reduce)
             found = new_body.meta.get(M.FP8_ERRORS_KEY)
-            if found:  # by qualified name, in the outer graph's errors (amprewrite.plans)
+            # by qualified name, in the outer graph's errors (amprewrite.compile.block_plans)
+            if found:
                 errors = gm.meta.setdefault(M.FP8_ERRORS_KEY, {})
                 errors.update({f"{prefix}.{k}": v for k, v in found.items()})
             report.decisions = decisions_of(new_body, inner)

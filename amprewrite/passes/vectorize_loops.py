@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import fx
 
-from .. import meta as M
-from ..meta import info
-from ..report import record
-from ..runtime import batch_gather, batch_index, vmap_call
+from ..graph import meta as M
+from ..graph.meta import info
+from ..graph.runtime import batch_gather, batch_index, vmap_call
+from ..precision.report import record
 from .base import Kind, Match, Pass, Replacement, Rule, apply_rules, arguments
 
 if TYPE_CHECKING:  # imported where used: networkx costs `import amprewrite` 0.2-0.4 s

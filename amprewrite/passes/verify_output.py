@@ -1,6 +1,6 @@
 """verify: run the fp32 model, autocast and the finished graph once on the example inputs, and
 raise :class:`~amprewrite.errors.VerificationError` when the graph's error is far beyond
-autocast's (:func:`amprewrite.verify.verify_graph`; docs/guide.md, "The built-in check").
+autocast's (:func:`amprewrite.capture.verify.verify_graph`; docs/guide.md, "The built-in check").
 
 The last step of the pipeline. It needs the graph's code, so the pipeline lints and recompiles
 before it (``needs_code``). Train mode too: the runs draw equal dropout masks and buffers are
@@ -20,11 +20,11 @@ import warnings
 import torch
 from torch import fx, nn
 
+from ..capture.verify import verify_graph
 from ..errors import NotVerifiedWarning
-from ..float8 import check_factor
+from ..precision.float8 import check_factor
+from ..precision.report import REPORT_KEY
 from ..progress import status
-from ..report import REPORT_KEY
-from ..verify import verify_graph
 from .base import Kind, Pass
 
 __all__ = ["VerifyOutput"]

@@ -16,8 +16,8 @@ import traceback
 import torch
 
 import amprewrite
-from amprewrite.numerics import float_leaves, rel_err
 
+from ..show.numerics import float_leaves, rel_err
 from .zoo import AUTOCAST_TWIN, LIBRARY, MODELS, call, cast_inputs
 
 __all__ = ["DRAWS", "DTYPES", "NOISE", "conform", "draws", "fmt", "markdown"]

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import fx, nn
 
-from .. import meta as M
-from ..ops import Precision
+from ..graph import meta as M
 from ..passes.base import matmul_flops as node_flops
+from ..precision.ops import Precision
 
 __all__ = ["CASES", "OverflowCase", "matmul_flops", "overflowing_modules"]
 

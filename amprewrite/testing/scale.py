@@ -130,7 +130,7 @@ def train(model: nn.Module, batches: list, recipe: str, lr: float = 1e-3) -> Tra
     ``recipe``: ``"fp32"``; ``"autocast"`` (fp16 autocast with ``torch.amp.GradScaler``);
     ``"scaler"`` (``torch.amp.GradScaler`` alone, for a model compiled with amprewrite);
     ``"amprewrite"`` (:class:`amprewrite.GradScaler`)."""
-    from ..scaler import GradScaler
+    from ..compile.scaler import GradScaler
 
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     scaler = {"fp32": None, "autocast": torch.amp.GradScaler("cpu"),

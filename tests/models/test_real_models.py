@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.precision.ops import Precision
 from amprewrite.testing.zoo import AUTOCAST_TWIN, MODELS, call, first_tensor, unet2d
 
 from ..helpers import LOW_DTYPES, assert_classes_respected, unchanged
@@ -75,7 +75,7 @@ def test_more_architectures_transform_within_autocasts_error(name):
     """Swin (window partition, rolls), EfficientNet (depthwise convs, squeeze-excite,
     BatchNorm) and Wav2Vec2 (a weight_norm-parametrized grouped Conv1d): the capture-time
     table's extra models transform, and their error against fp32 is autocast's class."""
-    from amprewrite.numerics import rel_err
+    from amprewrite.show.numerics import rel_err
     from amprewrite.testing.zoo import MORE
 
     model, inputs = MORE[name]()
@@ -98,7 +98,7 @@ def test_mixtral_experts_run_low_within_autocasts_error(dtype):
     """transformers' Mixtral experts call ``torch.ops.transformers.grouped_mm_fallback`` (a
     custom op, one ``torch.mm`` per expert): the registry names it a matmul, so the experts
     run low, and the error against fp32 stays within 1.1x autocast's on the same ops."""
-    from amprewrite.numerics import rel_err
+    from amprewrite.show.numerics import rel_err
 
     model, inputs = MODELS["mixtral"]()
     model.eval()

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite.ops import conversion_target, is_conversion
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
+from amprewrite.precision.ops import conversion_target, is_conversion
 
 from ..helpers import LOW_DTYPES, graph_signature, prepared, rewrites, runtime_dtypes
 

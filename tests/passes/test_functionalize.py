@@ -21,11 +21,11 @@ from torch import fx, nn
 
 import amprewrite
 from amprewrite import ModelError
-from amprewrite import meta as M
-from amprewrite.numerics import rel_err
-from amprewrite.ops import writes_in_place
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
 from amprewrite.passes.functionalize import Functionalize
+from amprewrite.precision.ops import writes_in_place
+from amprewrite.show.numerics import rel_err
 
 from ..helpers import LOW_DTYPES, graph_signature, prepared, transform_via
 

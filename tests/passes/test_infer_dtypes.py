@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import fx, nn
 
-from amprewrite import meta as M
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
 
 from ..helpers import LOW_DTYPES, prepared

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amprewrite import meta as M
+from amprewrite.graph import meta as M
 
 from ..helpers import (
     LOW_DTYPES,

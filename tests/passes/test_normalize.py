@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from amprewrite import meta as M
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
 
 from ..helpers import LOW_DTYPES, graph_signature, prepared, rewrites, unchanged

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite.ops import FAMILIES, Precision
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
+from amprewrite.precision.ops import FAMILIES, Precision
 
 from ..helpers import LOW_DTYPES, by_family, prepared
 
@@ -128,7 +128,7 @@ def test_low_ops_on_parameters_only_run_fp32(dtype):
             by_path.setdefault(n.meta.get(M.MODULE_PATH) or n.name, set()).add(n.meta[M.CLASS])
     assert by_path.pop("mlp.0") == by_path.pop("mlp.2") == {Precision.FP32}, by_path
     assert by_path and all(c == {Precision.LOW} for c in by_path.values()), by_path
-    from amprewrite.numerics import rel_err
+    from amprewrite.show.numerics import rel_err
 
     ratios = []
     for seed in range(3):

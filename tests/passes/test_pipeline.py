@@ -5,8 +5,8 @@ import torch
 from torch import fx, nn
 
 import amprewrite
-from amprewrite import meta as M
 from amprewrite.errors import PassError
+from amprewrite.graph import meta as M
 from amprewrite.passes import (
     PASSES,
     Kind,
@@ -16,8 +16,8 @@ from amprewrite.passes import (
     rewrite_passes,
     run_pipeline,
 )
-from amprewrite.policy import Policy
-from amprewrite.report import REPORT_KEY, Report
+from amprewrite.precision.policy import Policy
+from amprewrite.precision.report import REPORT_KEY, Report
 
 
 def _gm():

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite import runtime
+from amprewrite.graph import meta as M
+from amprewrite.graph import runtime
 from amprewrite.passes import recompute_islands
 from amprewrite.passes.recompute_islands import RecomputeIslands, region_bodies
 

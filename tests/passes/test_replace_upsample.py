@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite import runtime
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.graph import runtime
 from amprewrite.passes import replace_upsample, run_pass
+from amprewrite.precision.ops import Precision
 
 from ..helpers import LOW_DTYPES, casts, graph_signature, prepared, transform
 
@@ -34,7 +34,7 @@ _NOT_UPSAMPLE = (runtime.memory_format_of, runtime.cast_if_float)
 
 
 def upsample_calls(gm) -> list:
-    """Nodes that call an upsample kernel or any other function of amprewrite.runtime: the
+    """Nodes that call an upsample kernel or any other function of amprewrite.graph.runtime: the
     rewrite must leave plain tensor ops only."""
     return [n for n in gm.graph.nodes if n.target in _UPSAMPLES
             or str(n.target).startswith("upsample")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
+from amprewrite.graph import meta as M
 from amprewrite.passes import run_pass
 
 from ..helpers import LOW_DTYPES, prepared, rewrites, unchanged

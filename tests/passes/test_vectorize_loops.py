@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 import amprewrite
-from amprewrite import meta as M
-from amprewrite.ops import Precision
+from amprewrite.graph import meta as M
+from amprewrite.graph.runtime import batch_gather, batch_index, vmap_call
 from amprewrite.passes import run_pass
-from amprewrite.runtime import batch_gather, batch_index, vmap_call
+from amprewrite.precision.ops import Precision
 
 from ..helpers import LOW_DTYPES, casts, graph_signature, prepared, transform
 

@@ -92,8 +92,8 @@ def test_fsdp2_per_block_with_checkpointing_matches_single_process(tmp_path):
         assert kind == "DTensor" and dtype == torch.float32, key
         assert local < torch.Size(shape).numel() or torch.Size(shape).numel() == 1, key
     import amprewrite
-    from amprewrite import meta as M
-    from amprewrite.ops import Precision
+    from amprewrite.graph import meta as M
+    from amprewrite.precision.ops import Precision
 
     graphs = []
 

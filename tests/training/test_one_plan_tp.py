@@ -134,7 +134,7 @@ def _worker(rank: int, world: int) -> dict:
         torch._dynamo.reset()
         model, loss_fn = case(mesh)
         half = data[:, dp * BATCH // 2:(dp + 1) * BATCH // 2]
-        from amprewrite.sharding import count_comm
+        from amprewrite.compile.sharding import count_comm
 
         with count_comm(model) as comm:
             losses = _train(model, loss_fn, half, mean_over_dp)

@@ -48,7 +48,7 @@ def _torchtitan_calls(model):
 
 
 def _run(model, batches):
-    from amprewrite.sharding import count_comm
+    from amprewrite.compile.sharding import count_comm
 
     with count_comm(model) as comm:
         losses = _train(model, batches)
@@ -147,7 +147,7 @@ def test_fully_shard_losses_match_a_single_process_run_of_the_plan(two_ranks):
 
 def _readers(node):
     """The nodes that read ``node``'s value, through the plan's casts."""
-    from amprewrite import meta as M
+    from amprewrite.graph import meta as M
 
     for user in node.users:
         if M.CAST in user.meta:
@@ -161,9 +161,9 @@ def test_sharding_plan_agrees_with_the_backend_plan():
     linear (low)' are read only by LOW nodes in the backend's graph, the norm scales only by
     others (the graph upcasts them)."""
     import amprewrite
-    from amprewrite import meta as M
-    from amprewrite.ops import Precision
-    from amprewrite.sharding import sharding_plan
+    from amprewrite.compile.sharding import sharding_plan
+    from amprewrite.graph import meta as M
+    from amprewrite.precision.ops import Precision
 
     graphs = []
 
@@ -220,7 +220,7 @@ def _float8_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             precompute_float8_dynamic_scale_for_fsdp,
         )
 
-        from amprewrite.sharding import count_comm
+        from amprewrite.compile.sharding import count_comm
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         out = {}
@@ -301,7 +301,7 @@ def _float8_blocks(fp8_gathers: bool):
 
 
 def _float8_gathers(rank: int, world: int) -> list[dict]:
-    from amprewrite.sharding import count_comm, float8_gathers
+    from amprewrite.compile.sharding import count_comm, float8_gathers
 
     root = _float8_blocks(True)
     opt = torch.optim.SGD(root.parameters(), lr=0.1)
@@ -387,10 +387,11 @@ def _fp32_losses(world: int, steps: int) -> list[float]:
 @pytest.mark.parametrize("shape,std", [((128, 64), 0.02), ((48, 16), 3.0), ((64, 32), 1e-4)])
 def test_float8_gather_round_trip(shape, std):
     """A weight gathered in float8 and dequantized to bf16 is cast back to the same e4m3 values
-    by the graph's float8 linear (torchao's dynamic tensorwise cast, amprewrite.float8._scaled),
+    by the graph's float8 linear (torchao's dynamic tensorwise cast,
+    amprewrite.precision.float8._scaled),
     with a scale within 2**-8 of the gathered one."""
-    from amprewrite import float8 as f8
-    from amprewrite.sharding import dequantized
+    from amprewrite.compile.sharding import dequantized
+    from amprewrite.precision import float8 as f8
 
     w = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * std
     scale = f8.scale_of(w.abs().max())
@@ -407,7 +408,7 @@ def test_sharding_plan_names_the_weights_it_may_gather_in_float8():
     float8 candidates); rowwise gathers bf16 with a note; eager modules never gather float8."""
     from torch import nn
 
-    from amprewrite.sharding import sharding_plan
+    from amprewrite.compile.sharding import sharding_plan
 
     def block():
         return nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.GELU(),

@@ -1,0 +1,351 @@
+"""The transform report: every rewrite and every precision decision, with its reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ..graph import meta as M
+from ..graph import runtime
+from ..graph.meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
+from .ranges import ValueRange
+
+__all__ = ["POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport", "PlanEvent",
+           "Report", "Rewrite", "record", "report", "text_table"]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One change a pass made to the graph."""
+
+    node: str
+    pass_name: str
+    action: str
+    reason: str
+    module_path: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The precision chosen for one node of the final graph."""
+
+    node: str
+    op: str
+    target: str
+    module_path: str
+    family: str | None
+    precision: str  # low / fp32 / promote / neutral / nonfloat
+    dtype: str | None  # the dtype the node computes in, None for non-float values
+    reason: str
+    source: str | None = None
+    # The dtype its output is stored in: differs from ``dtype`` for an fp32 op that reads and
+    # writes the low dtype (a norm after a conv; DESIGN.md, "Compute dtype is not storage").
+    storage: str | None = None
+    # The fp32 value's range on the example inputs (a parameter's: its own), when recorded.
+    range: ValueRange | None = None
+    # With fp8=: a candidate linear's float8 verdict and why ("fp8 (tensorwise): ..." or
+    # "bf16: ..."); None for every other node. A chosen one computes in float8_e4m3fn.
+    fp8: str | None = None
+
+
+@dataclass
+class Report:
+    """What :func:`amprewrite.transform` did. ``print(report)`` shows a readable summary.
+
+    >>> import torch
+    >>> import amprewrite
+    >>> gm = amprewrite.transform(torch.nn.Linear(4, 4), dtype=torch.bfloat16)
+    >>> [d.precision for d in amprewrite.report(gm).decisions if d.family == "linear"]
+    ['low']
+    """
+
+    dtype: str
+    capture: str
+    rewrites: list[Rewrite] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def casts(self) -> list[Rewrite]:
+        return [r for r in self.rewrites if r.action.startswith("cast")]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            out[d.precision] = out.get(d.precision, 0) + 1
+        return out
+
+    def table(self, include_nonfloat: bool = False) -> str:
+        """One line per node: name, module path, family, precision, compute and storage
+        dtype (``float32->bfloat16`` where they differ), reason."""
+        ranges = any(d.range is not None for d in self.decisions)
+        rows = [["node", "module", "family", "class", "dtype", *(["|x| max"] * ranges),
+                 "reason"]]
+        for d in self.decisions:
+            if d.precision == "nonfloat" and not include_nonfloat:
+                continue
+            dtype = (d.dtype or "-").replace("torch.", "")
+            if d.storage is not None and d.storage != d.dtype:
+                dtype += "->" + d.storage.replace("torch.", "")
+            shown = [] if not ranges else ["-" if d.range is None else _range_cell(d.range)]
+            rows.append([d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
+                         *shown, d.reason])
+        return text_table(rows, caps=NAME_CAPS)
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{v} {k}" for k, v in sorted(self.counts().items()))
+        lines = [f"amprewrite report: dtype={self.dtype}, capture={self.capture}",
+                 f"nodes: {counts}; casts inserted: {len(self.casts)}"]
+        if self.timings:
+            times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items())
+            lines.append(f"time: {times}")
+        lines += [f"note: {n}" for n in self.notes]
+        other = [r for r in self.rewrites if not r.action.startswith("cast")]
+        if other:
+            lines.append("rewrites:")
+            lines += [f"  [{r.pass_name}] {r.node} ({r.module_path or '-'}): {r.action}"
+                      f" — {r.reason}" for r in other]
+        fp8 = [d for d in self.decisions if d.fp8]
+        if fp8:
+            chosen = sum(d.fp8.startswith("fp8") for d in fp8)
+            lines.append(f"float8: {chosen} of {len(fp8)} linears")
+            lines += [f"  {d.node} ({d.module_path or '-'}): {d.fp8}" for d in fp8]
+        lines.append("precision decisions:")
+        lines.append(self.table())
+        return "\n".join(lines)
+
+
+def _range_cell(r: ValueRange) -> str:
+    """``2.2e+05``, with the share of fp16-subnormal values where it is 1% or more."""
+    cell = f"{r.absmax:.3g}"
+    return cell + (f" ({r.tiny_share:.0%} subnormal)" if r.tiny_share >= 0.01 else "")
+
+
+# How wide the node, module and family columns of a report's table grow: every node name of
+# the zoo's models but the parameters' (dynamo names them after their path: up to 127
+# characters on a UNet) fits in 32; a longer entry pushes the rest of its row right
+# (text_table), as a scaled_dot_product_attention does past 20.
+NAME_CAPS = (32, 40, 20)
+
+
+def text_table(rows: list[list[str]], caps: Sequence[int | None] = ()) -> str:
+    """Rows as aligned columns two spaces apart, each as wide as its longest entry; the last
+    column is not padded. Nothing is cut, so a grep for a full node name finds its row.
+
+    ``caps[i]``: column ``i`` is only as wide as its longest entry of at most that many
+    characters. A longer entry is written whole and pushes the rest of its row right, which
+    lines up again at the first column it reaches in time: a few 80-character parameter names
+    do not widen the column of every other row.
+
+    >>> print(text_table([["node", "class"], ["a_long_node_name", "low"]]))
+    node              class
+    a_long_node_name  low
+    >>> print(text_table([["node", "class", "dtype"], ["add", "low", "bf16"],
+    ...                   ["a_very_long_parameter_name", "param", "fp32"]], caps=[8]))
+    node  class  dtype
+    add   low    bf16
+    a_very_long_parameter_name  param  fp32
+    """
+    last = len(rows[0]) - 1
+    widths = []
+    for i in range(last):
+        cap = caps[i] if i < len(caps) else None
+        fitting = [len(r[i]) for r in rows if cap is None or len(r[i]) <= cap]
+        widths.append(max(fitting, default=cap or 0))
+    starts = [sum(widths[:i]) + 2 * i for i in range(last + 1)]
+    lines = []
+    for r in rows:
+        line = ""
+        for i, cell in enumerate(r):
+            if i:
+                line += " " * max(2, starts[i] - len(line))
+            line += cell
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
+    """Add a Rewrite for ``node`` to the report being built on ``gm``, under the running pass."""
+    rep: Report | None = gm.meta.get(REPORT_KEY)
+    if rep is not None:
+        rep.rewrites.append(Rewrite(node.name, M.current_pass() or "", action, reason,
+                                    node.meta.get(M.MODULE_PATH, "")))
+
+
+# --- what the torch.compile backend decided (amprewrite.compile.block_plans) ---
+@dataclass(frozen=True)
+class PlanEvent:
+    """One time a graph was planned: the first call, a new block, a step after an overflow.
+
+    ``call``: how many calls of the graph came before it; ``step``: how many optimizer steps
+    did (:class:`amprewrite.GradScaler`'s ``update()`` calls; None without one);
+    ``block``: the parameters' module path (filled in by :func:`amprewrite.report`);
+    ``reason``: why; ``replanned``: whether the plan changed (a recompile)."""
+
+    call: int
+    step: int | None
+    reason: str
+    replanned: bool
+    block: str = ""
+
+
+@dataclass
+class GraphReport:
+    """What the backend decided for one graph: its first plan (:class:`~amprewrite.Report`;
+    ``plans``: every plan, ``plan_of``: which plan each block runs), the blocks it holds for
+    (module paths in the module asked about, ``""`` for that module itself; ``other_blocks``:
+    how many more, outside it), the ranks, how many calls it served, and its events."""
+
+    report: Report
+    blocks: list[str]
+    ranks: int
+    calls: int
+    events: list[PlanEvent]
+    other_blocks: int = 0  # blocks of other modules that share the graph
+    plans: list[Report] = field(default_factory=list)  # every plan; report is plans[0]
+    plan_of: dict[str, int] = field(default_factory=dict)  # block -> its plan's index
+
+
+    def __str__(self) -> str:
+        shown = [b or "(the module)" for b in self.blocks]
+        if self.other_blocks:
+            shown.append(f"{self.other_blocks} outside this module")
+        head = (f"graph planned in {self.report.dtype} from "
+                f"{len(self.blocks) + self.other_blocks} block(s) "
+                f"[{', '.join(shown)}], "
+                f"{self.ranks} rank(s), {self.calls} call(s); "
+                f"{len(self.plans) or 1} plan(s), {sum(e.replanned for e in self.events) - 1} "
+                "re-plan(s)")
+        events = [f"  call {e.call}{f' (step {e.step})' if e.step is not None else ''}"
+                  f"{f' {e.block}' if e.block else ''}: "
+                  f"{'planned' if e.replanned else 'checked'}: {e.reason}" for e in self.events]
+        which = []
+        for k in range(len(self.plans)):
+            served = [b or "(the module)" for b, i in self.plan_of.items() if i == k]
+            which.append(f"  plan {k}: {', '.join(served)}")
+        bodies = [str(self.report)] + [f"plan {k}:\n{r}" for k, r in enumerate(self.plans)
+                                       if k > 0]
+        return "\n".join([head, *events, *(which if len(self.plans) > 1 else []), *bodies])
+
+
+@dataclass
+class CompiledReport:
+    """:func:`amprewrite.report` of a module compiled with the backend (or of a model whose
+    blocks were compiled one by one): one :class:`GraphReport` per graph dynamo compiled.
+
+    ``report.graphs[0].report.decisions`` are that graph's decisions as
+    :func:`amprewrite.transform`'s report gives them."""
+
+    graphs: list[GraphReport] = field(default_factory=list)
+    # Blocks compiled with torch.compile with which no planned graph ran (their calls ran
+    # without amprewrite: dynamo gave up on them, or they were not called yet).
+    unplanned: list[str] = field(default_factory=list)
+    recompile_limit: int | None = None  # torch._dynamo.config.recompile_limit when reported
+
+    def __str__(self) -> str:
+        head = []
+        if self.unplanned:
+            shown = ", ".join(self.unplanned[:8]) + (
+                f" and {len(self.unplanned) - 8} more" if len(self.unplanned) > 8 else "")
+            head.append(
+                f"not planned: {shown}: compiled with torch.compile, but no graph amprewrite "
+                "planned ran with their parameters, so their calls ran without amprewrite (in "
+                "the model's own dtype), or they were not called yet. Dynamo compiles a block "
+                "again when its guards fail (with a transformers DynamicCache each layer guards on "
+                "its own slot of the cache; use_cache=False lets the layers share one graph) and "
+                f"stops compiling a function after torch._dynamo.config.recompile_limit "
+                f"({self.recompile_limit}) graphs; TORCH_LOGS=recompiles says why.")
+        return "\n\n".join([*head, *(f"[{k}] {g}" for k, g in enumerate(self.graphs))])
+
+    @property
+    def replans(self) -> list[PlanEvent]:
+        """Every event that changed a plan after the first, over all graphs."""
+        return [e for g in self.graphs for e in g.events[1:] if e.replanned]
+
+
+# Functions that find the report of a module compiled with the backend
+# (amprewrite.compile.block_plans
+# registers its compiled_report on import: without a plan there is nothing to find).
+COMPILED_LOOKUPS: list = []
+
+
+def report(gm: fx.GraphModule | torch.export.ExportedProgram | torch.nn.Module
+           ) -> Report | CompiledReport:
+    """The :class:`Report` of a GraphModule (or ExportedProgram) returned by
+    :func:`amprewrite.transform`; for a module compiled with ``backend="amprewrite"`` (or a
+    model whose blocks were compiled one by one), after its first call, the
+    :class:`~amprewrite.compile.block_plans.CompiledReport` of every graph the backend planned:
+    each graph's
+    report, the blocks, ranks and steps its plan was made from, and every re-plan with its
+    reason (DESIGN.md, "One plan at scale").
+
+    >>> import torch, amprewrite
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+    >>> compiled = torch.compile(model, backend=amprewrite.backend(dtype="fp16", inner="eager"))
+    >>> _ = compiled(torch.randn(2, 4))
+    >>> [d.family for d in amprewrite.report(compiled).graphs[0].report.decisions if d.family]
+    ['linear', 'softmax']
+    """
+    if isinstance(gm, torch.export.ExportedProgram):
+        gm = gm.graph_module  # where transform(ep) keeps it; not saved by torch.export.save
+    rep = getattr(gm, "meta", {}).get(REPORT_KEY)
+    if rep is None and isinstance(gm, torch.nn.Module):
+        for lookup in COMPILED_LOOKUPS:  # amprewrite.compile.block_plans, once a plan was made
+            rep = lookup(gm)
+            if rep is not None:
+                break
+    if rep is None:
+        from ..errors import PolicyError
+
+        raise PolicyError(
+            "this module carries no amprewrite report: pass a module returned by "
+            "amprewrite.transform (the report is kept in gm.meta['amprewrite_report']), or a "
+            "module compiled with torch.compile(..., backend='amprewrite') after it has run "
+            "once (the backend plans on the first call)."
+        )
+    return rep
+
+
+def region_bodies(gm: fx.GraphModule) -> dict[fx.Node, fx.GraphModule]:
+    """The body of each ``runtime.recompute`` call of ``gm`` (recompute_islands), by call node."""
+    return {n: gm.get_submodule(str(n.args[0].target)) for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is runtime.recompute
+            and isinstance(n.args[0], fx.Node) and n.args[0].op == "get_attr"}
+
+
+def _nodes_with_bodies(gm: fx.GraphModule):
+    """The graph's nodes, each ``runtime.recompute`` call followed by its body's ops."""
+    bodies = region_bodies(gm)
+    for node in gm.graph.nodes:
+        yield node
+        if node in bodies:
+            yield from (n for n in bodies[node].graph.nodes
+                        if n.op not in ("placeholder", "output"))
+
+
+def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
+    """One :class:`Decision` per node of a transformed graph (``policy.dtype`` is the low dtype)."""
+    out = []
+    for node in _nodes_with_bodies(gm):
+        label = node.meta.get(M.LABEL)
+        cls = node.meta.get(M.CLASS)
+        precision = M.node_kind(node)
+        storage = None if label is None else str(torch.float32 if label == M.HIGH
+                                                  else policy.dtype)
+        # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
+        dtype = (str(torch.float32) if storage and getattr(cls, "value", None) == "fp32"
+                 else storage)
+        fp8 = node.meta.get(M.FLOAT8)
+        if fp8 is not None and fp8.startswith("fp8"):
+            dtype = str(torch.float8_e4m3fn)
+        target = node.target if isinstance(node.target, str) else getattr(
+            node.target, "__name__", str(node.target))
+        out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
+                            node.meta.get(M.FAMILY), precision, dtype,
+                            node.meta.get(M.REASON, ""), M.source_line(node), storage,
+                            node.meta.get(M.RANGE), fp8))
+    return out

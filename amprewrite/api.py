@@ -4,29 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import gc
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Iterable
 
 import torch
 from torch import fx, nn
 
-from .capture.exported import export_again, exported_mode, is_exported_program, program_inputs
-from .capture.trace import capture, eager_failure
+from .capture.exported import is_exported_program, transform_program
+from .capture.trace import CAPTURE_TOOL, capture_model, eager_failure
 from .capture.verify import selector_for
-from .errors import ModelError, NotVerifiedWarning, PassError, PolicyError, VerificationError
+from .errors import PassError, PolicyError, VerificationError
 from .graph import meta as M
 from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
 from .graph.shapes import BATCH
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
 from .precision.ops import FAMILIES
-from .precision.policy import Policy, Selector, calibration_batches, check_selectors
-from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of, report
+from .precision.policy import Policy, Selector, calibration_batches
+from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of
 from .progress import status, transform_progress
 
 __all__ = ["transform"]
@@ -221,20 +219,12 @@ def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Pol
                     example_inputs: object, on_pass, advise: bool
                     ) -> fx.GraphModule | torch.export.ExportedProgram:
     if is_exported_program(model):
-        return _transform_program(model, policy, example_inputs, on_pass)
-    _check_model(model)
-    _check_selectors(model, policy)
-    if policy.device is None:
-        policy = dataclasses.replace(policy, device=_model_device(model))
+        return transform_program(model, policy, example_inputs, transform_with, on_pass)
     start = time.perf_counter()
-    status("capturing the graph with " + (_CAPTURE_TOOL[policy.capture]
-                                           if example_inputs is not None
-                                           else "torch.fx.symbolic_trace"))
-    captured = capture(model, example_inputs, policy.dynamic_shapes, policy.capture)
+    captured, policy = capture_model(model, example_inputs, policy)
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
     rep.timings["capture"] = time.perf_counter() - start
     gm = captured.gm
-    _check_node_selectors(gm, policy)
     gm.meta[REPORT_KEY] = rep
     gm.meta[POLICY_KEY] = policy
     if on_pass is not None:
@@ -306,36 +296,6 @@ def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Polic
                              keep_fp32=added if found else None)
 
 
-# What the progress line and the report's notes call each capture.
-_CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
-
-
-def _transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_inputs: object,
-                       on_pass=None) -> torch.export.ExportedProgram:
-    """ExportedProgram in, ExportedProgram out (:mod:`amprewrite.capture.exported`): the program's
-    module transformed on its example inputs with its dynamic dimensions, exported again."""
-    inputs = program_inputs(ep, example_inputs)
-    if isinstance(policy.dynamic_shapes, str) and policy.dynamic_shapes == BATCH:
-        policy = dataclasses.replace(policy, dynamic_shapes=inputs.dynamic_shapes)  # as ep's
-    verify = policy.verify and inputs.real
-    gm = transform_with(inputs.module, dataclasses.replace(policy, verify=verify),
-                        inputs.example_inputs, on_pass)
-    if exported_mode(ep.graph) is None:  # the module's mode says nothing: ep.module()'s default
-        notes = report(gm).notes
-        notes[:] = [("captured from an ExportedProgram with no mode-dependent op (dropout, "
-                     "batch norm): train and eval compute the same"
-                     if n.startswith("captured by ") else n) for n in notes]
-    if policy.verify and not inputs.real:
-        why = ("the ExportedProgram keeps no example inputs (ep.example_inputs is None), so it "
-               "was captured and exported on zero-filled inputs of its example sizes and not "
-               "verified; pass example_inputs=(...) to have it checked against fp32 and autocast")
-        report(gm).notes.append(f"verify: not run: {why}")
-        warnings.warn(NotVerifiedWarning(f"amprewrite.transform: {why} (or verify=False)."),
-                      stacklevel=4)  # user -> transform -> transform_with -> here
-    status("exporting the transformed graph")
-    return export_again(gm, inputs, policy.dynamic_shapes)
-
-
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",
                     example_inputs: object = None,
                     declared: dict[str, tuple[str, str]] | None = None,
@@ -355,69 +315,6 @@ def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",
     return gm
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    for t in [*model.parameters(), *model.buffers()]:
-        return t.device
-    return torch.device("cpu")
-
-
-def _check_model(model: object) -> None:
-    if not isinstance(model, nn.Module):
-        raise ModelError(
-            f"amprewrite.transform expects a torch.nn.Module, got {type(model).__name__}. Wrap a "
-            "plain function in an nn.Module whose forward calls it."
-        )
-    name = type(model).__name__
-    if isinstance(model, torch.jit.ScriptModule):
-        raise ModelError(
-            f"{name} is a TorchScript module; amprewrite rewrites Python nn.Modules. Pass the "
-            "original nn.Module (before torch.jit.script/trace)."
-        )
-    if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-        raise ModelError(
-            f"{name} is a wrapper; transform the module it wraps (model.module) and wrap the "
-            "returned GraphModule instead (DDP works with it, see docs/guide.md)."
-        )
-    if type(model).forward is nn.Module.forward:
-        raise ModelError(f"{name} has no forward method; there is nothing to transform.")
-    floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
-    transformed = REPORT_KEY in getattr(model, "meta", {})  # capture says what it can redo
-    low = (torch.float16, torch.bfloat16)
-    if floats and not transformed and all(t.dtype in low for t in floats):
-        raise ModelError(
-            f"{name}'s floating-point parameters and buffers are all {floats[0].dtype} "
-            "already: amprewrite starts from an fp32 model and decides per op what runs in "
-            "low precision; the precision of weights and BatchNorm statistics already rounded "
-            "cannot be recovered. Transform the fp32 model (load it in fp32, or model.float())."
-        )
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if t.is_meta or isinstance(t, nn.parameter.UninitializedParameter):
-            raise ModelError(
-                f"{type(model).__name__} has an uninitialised or meta-device tensor '{name}'. "
-                "Materialise the model first (load its weights, or run one forward for lazy "
-                "modules, or model.to_empty(device=...) and initialise), then transform it."
-            )
-
-
-def _check_selectors(model: nn.Module, policy: Policy) -> None:
-    check_selectors(policy, (name for name, _ in model.named_modules()), type(model).__name__)
-
-
-def _check_node_selectors(gm: fx.GraphModule, policy: Policy) -> None:
-    names = [n.name for n in gm.graph.nodes]
-    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
-        for sel in selectors:
-            if isinstance(sel, str) and sel.startswith("node:") and sel[5:] not in names:
-                close = difflib.get_close_matches(sel[5:], names, n=3, cutoff=0.6)
-                hint = (f" Did you mean {', '.join(repr('node:' + c) for c in close)}?"
-                        if close else "")
-                raise PolicyError(
-                    f"{option} names graph node '{sel[5:]}', which the captured graph does not "
-                    f"have.{hint} Node names come from amprewrite.report(gm) of the same model "
-                    "and example inputs."
-                )
-
-
 def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:
     notes = []
     for option, selectors in (("keep_fp32", policy.keep_fp32 if policy else ()),
@@ -435,7 +332,7 @@ def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> lis
                 notes.append(f"{node.name}: functional dropout with a training flag fixed at "
                              "trace time; use nn.Dropout to have gm.train()/gm.eval() switch it")
     else:
-        notes.append(f"captured by {_CAPTURE_TOOL.get(method, method)} in "
+        notes.append(f"captured by {CAPTURE_TOOL.get(method, method)} in "
                      f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
         guard = getattr(gm, "_amp_inputs", None)
         if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary

@@ -54,7 +54,7 @@ class SignatureError(AmpRewriteError, TypeError):
 class UsageError(AmpRewriteError):
     """Bad command-line usage; the CLI prints it on one line and exits with status 2. (Here,
     with no torch to import, so that the command line reports a usage error at once;
-    ``amprewrite.precision.target.UsageError`` is the same class.)"""
+    ``amprewrite.cli.target.UsageError`` is the same class.)"""
 
 
 class VerificationError(AmpRewriteError, RuntimeError):

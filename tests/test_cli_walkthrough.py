@@ -207,7 +207,7 @@ def test_svg_is_left_out_by_default_above_the_node_limit(capsys, tmp_path, monke
     called = tmp_path / "dot-was-called"
     for name, value in fake_dot(tmp_path, f"touch {called}; cat").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(cli, "SVG_MAX_NODES", 5)
+    monkeypatch.setattr(cli.dump, "SVG_MAX_NODES", 5)
     code, out, _ = run_cli(capsys, "dump", f"{MODELS}:mlp", "--out", tmp_path / "out")
     assert code == 0 and not called.exists()
     assert "no svg: the graph has" in out and "index.html shows the graph" in out
@@ -431,7 +431,7 @@ def test_cli_doc_lists_every_flag_of_every_command():
 def test_cli_doc_promises_hold():
     text = textwrap.dedent((ROOT / "docs" / "cli.md").read_text())
     assert "exits with status 130" in text and "pointer to the command's `--help`" in text
-    assert "svg only for graphs of up to" in text and str(cli.SVG_MAX_NODES) in text
+    assert "svg only for graphs of up to" in text and str(cli.dump.SVG_MAX_NODES) in text
 
 
 def test_the_check_examples_of_docs_cli_run_as_shown(capsys):

@@ -31,18 +31,28 @@ import collections
 import dataclasses
 import inspect
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ..precision.report import POLICY_KEY, REPORT_KEY
-from .trace import split_inputs
+from ..errors import NotVerifiedWarning
+from ..graph.shapes import BATCH, split_inputs
+from ..precision.policy import Policy
+from ..precision.report import POLICY_KEY, REPORT_KEY, report
+from ..progress import status
 
-__all__ = ["ProgramInputs", "export_again", "exported_mode", "is_exported_program",
-           "program_inputs"]
+__all__ = [
+    "ProgramInputs",
+    "export_again",
+    "exported_mode",
+    "is_exported_program",
+    "program_inputs",
+    "transform_program",
+]
 
 
 @dataclass
@@ -239,3 +249,31 @@ def _made_inputs(ep: torch.export.ExportedProgram) -> tuple[tuple, dict]:
         return value
 
     return pytree.tree_unflatten([make(v) for v in _user_inputs(ep)], ep.call_spec.in_spec)
+
+
+def transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_inputs: object,
+                      transform_with: Callable[..., fx.GraphModule], on_pass=None
+                      ) -> torch.export.ExportedProgram:
+    """ExportedProgram in, ExportedProgram out (:mod:`amprewrite.capture.exported`): the program's
+    module transformed on its example inputs with its dynamic dimensions, exported again."""
+    inputs = program_inputs(ep, example_inputs)
+    if isinstance(policy.dynamic_shapes, str) and policy.dynamic_shapes == BATCH:
+        policy = dataclasses.replace(policy, dynamic_shapes=inputs.dynamic_shapes)  # as ep's
+    verify = policy.verify and inputs.real
+    gm = transform_with(inputs.module, dataclasses.replace(policy, verify=verify),
+                        inputs.example_inputs, on_pass)
+    if exported_mode(ep.graph) is None:  # the module's mode says nothing: ep.module()'s default
+        notes = report(gm).notes
+        notes[:] = [("captured from an ExportedProgram with no mode-dependent op (dropout, "
+                     "batch norm): train and eval compute the same"
+                     if n.startswith("captured by ") else n) for n in notes]
+    if policy.verify and not inputs.real:
+        why = ("the ExportedProgram keeps no example inputs (ep.example_inputs is None), so it "
+               "was captured and exported on zero-filled inputs of its example sizes and not "
+               "verified; pass example_inputs=(...) to have it checked against fp32 and autocast")
+        report(gm).notes.append(f"verify: not run: {why}")
+        warnings.warn(NotVerifiedWarning(f"amprewrite.transform: {why} (or verify=False)."),
+                      # user -> transform -> transform_with -> _transform_with -> here
+                      stacklevel=5)
+    status("exporting the transformed graph")
+    return export_again(gm, inputs, policy.dynamic_shapes)

@@ -26,8 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import VerificationError
 from ..graph import meta as M
 from ..graph.modules import buffer_clone_copy, get_attr
+from ..graph.shapes import split_inputs
 from ..precision.ops import MASK_DRAWS, Precision
-from .trace import capture, split_inputs
+from .trace import capture
 
 __all__ = ["CheckResult", "NodeError", "compare", "culprit_node", "float_leaves", "rel_err",
            "replayed", "selector_for", "verify_bound", "verify_graph"]

@@ -27,10 +27,9 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from ..api import transform
-from ..capture.trace import split_inputs
 from ..capture.verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 from ..errors import AmpRewriteError, PolicyError
-from ..graph.shapes import BATCH, SEQ, capture_spec
+from ..graph.shapes import BATCH, SEQ, capture_spec, split_inputs
 from ..precision.float8 import check_factor
 from ..precision.policy import parse_dtype
 from ..precision.report import text_table

@@ -15,7 +15,7 @@ the captured size and the size received.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +27,7 @@ from ..errors import PolicyError, SignatureError
 from .meta import fake_value
 
 __all__ = ["BATCH", "SEQ", "InputCheck", "InputGuard", "bind_call", "capture_spec",
-           "flat_inputs", "positional_leaves"]
+           "flat_inputs", "positional_leaves", "split_inputs"]
 
 BATCH = "batch"
 """``transform(dynamic_shapes=...)``'s default: dimension 0 of every tensor input dynamic where
@@ -396,3 +396,12 @@ def _leaf_names(gm: fx.GraphModule) -> list[str]:
         for path, leaf in pytree.tree_flatten_with_path(value)[0]:
             names[leaf] = root + pytree.keystr(path)
     return names
+
+
+def split_inputs(example_inputs: object) -> tuple[tuple, dict]:
+    """(positional, keyword) inputs from a tuple/list, a dict of keyword inputs, or one value."""
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}

@@ -5,6 +5,9 @@ checks that every meta key a pass requires is written by capture or an earlier p
 passes with their names current (for the report and for errors), and lints and recompiles once
 at the end (after every pass in debug mode: ``AMPREWRITE_DEBUG=1`` or ``debug=True``). A failing
 pass is re-raised as :class:`~amprewrite.errors.PassError` naming the pass and the node it was on.
+
+The passes import ``amprewrite.graph``, ``amprewrite.precision`` and ``amprewrite.capture``
+(a pass that runs the model, as ``record_ranges`` and ``verify_output`` do); nothing above.
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ..capture.trace import split_inputs
 from ..capture.verify import rel_err, replayed
 from ..graph import meta as M
+from ..graph.shapes import split_inputs
 from ..precision import float8 as f8
 from ..precision.ops import Precision, is_plain_matmul
 from ..precision.report import record

@@ -17,11 +17,11 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..capture.trace import split_inputs
 from ..capture.verify import replayed
 from ..errors import ModelError
 from ..graph import meta as M
 from ..graph.modules import get_attr
+from ..graph.shapes import split_inputs
 from ..precision.ranges import ValueRange, merge, tensor_range, widest
 from ..precision.report import REPORT_KEY
 from .base import Kind, Pass

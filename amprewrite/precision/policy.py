@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from ..errors import PolicyError
 from ..graph.dtypes import low_dtype
 from .float8 import parse_fp8
 
-__all__ = ["CAPTURES", "Policy", "calibration_batches", "check_selectors", "parse_dtype"]
+__all__ = ["CAPTURES", "Policy", "calibration_batches", "check_node_selectors", "check_selectors",
+           "parse_dtype"]
 
 CAPTURES = {
     "dynamo": "torch._dynamo.export, a graph of torch-level ops",
@@ -251,3 +252,20 @@ def check_selectors(policy: Policy, paths: Iterable[str], owner: str) -> None:
                 f"family.{hint} Use a path from model.named_modules(), an nn.Module type, a "
                 "family name from amprewrite.FAMILIES, or an operator as 'namespace::name'."
             )
+
+
+def check_node_selectors(policy: Policy, gm: fx.GraphModule) -> None:
+    """Raise :class:`PolicyError` for a ``node:`` selector that names no node of the captured
+    graph ``gm``, with the close names."""
+    names = [n.name for n in gm.graph.nodes]
+    for option, selectors in (("keep_fp32", policy.keep_fp32), ("allow_low", policy.allow_low)):
+        for sel in selectors:
+            if isinstance(sel, str) and sel.startswith("node:") and sel[5:] not in names:
+                close = difflib.get_close_matches(sel[5:], names, n=3, cutoff=0.6)
+                hint = (f" Did you mean {', '.join(repr('node:' + c) for c in close)}?"
+                        if close else "")
+                raise PolicyError(
+                    f"{option} names graph node '{sel[5:]}', which the captured graph does not "
+                    f"have.{hint} Node names come from amprewrite.report(gm) of the same model "
+                    "and example inputs."
+                )

@@ -33,8 +33,7 @@ from urllib.parse import quote, unquote
 import torch
 from torch import fx
 
-from ..errors import AmpRewriteError
-from ..precision.target import UsageError
+from ..errors import AmpRewriteError, UsageError
 from .render import COLORS, color
 from .views import before_after, namespace
 

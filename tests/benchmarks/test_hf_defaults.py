@@ -13,7 +13,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import amprewrite
-from amprewrite.capture import trace as capture_module
+from amprewrite.capture import failures
 from amprewrite.capture.verify import rel_err
 from amprewrite.cli import cli_wording
 from amprewrite.deploy import export as deploy
@@ -171,7 +171,7 @@ def test_a_program_transformers_exported_still_runs_after_amprewrites_graph_is_g
 
 def test_cache_advice_reads_right_in_the_library_and_on_the_command_line():
     out = {"logits": torch.zeros(1), "cache": tf.DynamicCache()}
-    advice = capture_module._capture_advice("", out)
+    advice = failures.capture_advice("", out)
     assert "{'input_ids': ids, 'use_cache': False}" in advice
     line = cli_wording(advice)
     assert "(--inputs)=" not in line and "inputs (inputs" not in line

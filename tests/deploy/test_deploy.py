@@ -15,8 +15,8 @@ from torch import nn
 
 import amprewrite
 from amprewrite import PolicyError, cli
+from amprewrite.cli.target import load_target
 from amprewrite.deploy import export as deploy
-from amprewrite.precision.target import load_target
 from amprewrite.show.numerics import rel_err
 
 ROOT = Path(__file__).resolve().parents[2]

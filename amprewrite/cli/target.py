@@ -8,15 +8,19 @@ once; loading the model and making the tensors import it.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import os
 import re
+import shlex
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
+from ..errors import AmpRewriteError, UsageError
 from ..graph.dtypes import NAMES, dtype_name
 
 if TYPE_CHECKING:
@@ -184,3 +188,133 @@ def load_target(target: str) -> tuple[nn.Module, tuple | dict | None]:
                              "the model's forward arguments.")
         return model, dict(inputs)
     return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+
+@dataclass
+class Target:
+    model: object
+    inputs: tuple | dict | None  # a dict: keyword inputs (model(**inputs))
+    where: str  # what the inputs are, for messages: "--inputs 4x16" or "the inputs f() returns"
+    flags: list[str] = field(default_factory=list)  # --inputs ... to repeat in suggestions
+
+
+def load(args: argparse.Namespace, need_inputs: bool) -> Target:
+    from ..capture.trace import check_model
+
+    model, inputs = load_target(args.target)
+    where = f"the example inputs {args.target}() returns"
+    flags: list[str] = []
+    if args.inputs:
+        if inputs is not None:  # said, not silent: the factory's own inputs are set aside
+            print(f"note: --inputs replaces the example inputs {args.target}() returns "
+                  f"({describe(inputs)})", file=sys.stderr)
+        inputs = tuple(parse_input(s, seed=i) for i, s in enumerate(args.inputs))
+        where, flags = f"--inputs {' '.join(args.inputs)}", ["--inputs", *args.inputs]
+    if need_inputs and inputs is None:
+        raise UsageError(f"{args.target} gives no example inputs: pass --inputs, e.g. "
+                         "--inputs 2x3x64x64 int64:2x16:0-1000.")
+    check_model(model)  # a meta-device model is the model's problem, whatever the inputs
+    return Target(model, inputs, where, flags)
+
+
+def describe(inputs: object) -> str:
+    import torch
+    from torch.utils import _pytree as pytree
+
+    shown = [f"{str(t.dtype).replace('torch.', '')}[{','.join(map(str, t.shape))}]"
+             for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    return ", ".join(shown) or "no tensors"
+
+
+def plain_failure(target: Target) -> str | None:
+    """Why the model fails on the inputs without amprewrite, or None when it runs."""
+    import torch
+
+    inputs = target.inputs
+    try:
+        with torch.no_grad():
+            if isinstance(inputs, dict):
+                target.model(**inputs)
+            else:
+                target.model(*inputs)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def attempt(what: str, fn, target: Target):
+    """Run a step; on failure say whose fault it is: the model's on these inputs (it fails
+    without amprewrite too) or amprewrite's (it runs in fp32)."""
+    try:
+        return fn()
+    except Exception as exc:
+        if target.inputs is not None and not isinstance(exc, UsageError):
+            plain = plain_failure(target)
+            if plain is not None:
+                fix = ("give --inputs the shapes and dtypes the model's forward takes (a dtype "
+                       "prefix makes integers: int64:1x128:0-1000)" if target.flags else
+                       "fix the model or the inputs the factory returns (or pass --inputs)")
+                raise UsageError(
+                    f"the model fails on {target.where} ({describe(target.inputs)}) without "
+                    f"amprewrite, so this is not an amprewrite failure: {plain}. To fix it, "
+                    f"{fix}.") from None
+        if isinstance(exc, AmpRewriteError):
+            raise
+        raise UsageError(
+            f"amprewrite failed while {what} a model that runs on these inputs in fp32: "
+            f"{type(exc).__name__}: {first_line(exc)}. This is amprewrite's fault: please "
+            "report it with this command line (AMPREWRITE_DEBUG=1 adds checks after each "
+            "pass).") from None
+
+
+def policy_of(args: argparse.Namespace, **changes):
+    from ..precision.policy import Policy
+
+    # dump shows the graph and check measures its error itself: neither stops at verification.
+    return Policy(dtype=args.dtype, upsample=getattr(args, "upsample", "auto"), verify=False,
+                  **{**selector_flags(args), **changes})
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def out_folder(out: str, flag: str = "--out") -> Path:
+    """``out`` as a folder the command can write into, checked before any model work."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {shlex.quote(out)} is a file, and the command writes several "
+                         f"files into a folder: give {flag} a folder name (new or existing).")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {shlex.quote(out)} lies under {shlex.quote(str(parent))}, "
+                         f"which is a file: give {flag} a folder that can be made.")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {shlex.quote(out)}: {shlex.quote(str(parent))} is not "
+                         f"writable; give {flag} a folder you can write to.")
+    return path
+
+
+def selector_flags(args: argparse.Namespace) -> dict:
+    """transform's keep_fp32 / allow_low / calibration / overflow / fp8 keywords from the
+    common flags."""
+    out: dict = {"keep_fp32": tuple(getattr(args, "keep_fp32", ()) or ()),
+                 "allow_low": tuple(getattr(args, "allow_low", ()) or ()),
+                 "overflow": getattr(args, "overflow", "auto")}
+    spec = getattr(args, "calibration", None)
+    if spec:
+        from .target import load_batches
+
+        out["calibration"] = load_batches(spec)
+    recipe = getattr(args, "fp8", None)
+    if recipe is not None or getattr(args, "fp8_any_size", False):
+        out["fp8"] = {"recipe": recipe or "tensorwise",
+                      **({"min_speedup": 0.0} if getattr(args, "fp8_any_size", False) else {})}
+    return out

@@ -1,0 +1,5 @@
+"""``python -m amprewrite.cli``: the ``amprewrite`` command."""
+
+from .main import main
+
+main()

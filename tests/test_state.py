@@ -216,13 +216,13 @@ def test_the_capture_leaves_older_objects_to_the_collector_after_it(monkeypatch)
     from amprewrite import api
 
     seen = []
-    real = api.capture
+    real = api.capture_model
 
     def watched(*args, **kwargs):
         seen.append(gc.get_freeze_count())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(api, "capture", watched)
+    monkeypatch.setattr(api, "capture_model", watched)
     model = nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1))
     amprewrite.transform(model, example_inputs=(torch.randn(2, 4),))
     assert seen[0] > 1000 and gc.get_freeze_count() == 0 and gc.isenabled()

@@ -15,7 +15,7 @@ from torch.utils import _pytree as pytree
 import amprewrite
 from amprewrite.capture import failures
 from amprewrite.capture.verify import rel_err
-from amprewrite.cli import cli_wording
+from amprewrite.cli.flags import cli_wording
 from amprewrite.deploy import export as deploy
 from amprewrite.deploy.portable import plain
 

@@ -461,7 +461,7 @@ def test_cli_check_fixes_overflow_and_calibration_widens_ranges(tmp_path):
 
 
 def test_cli_prints_selector_advice_as_flags():
-    from amprewrite.cli import cli_wording
+    from amprewrite.cli.flags import cli_wording
 
     said = cli_wording("Transformed again with keep_fp32=['wi', 'my block.fc'], it passes")
     assert said == "Transformed again with --keep-fp32 wi --keep-fp32 'my block.fc', it passes"

@@ -5,11 +5,10 @@
 ``AMPREWRITE_MUTANT`` is ``family=class`` (classes: ``low``, ``fp32``, ``promote``,
 ``neutral``; several mutations separated by commas). The plugin replaces the family in
 ``amprewrite.precision.ops`` with :func:`amprewrite.precision.ops.register_family` when pytest
-loads it, before any
-test module is imported; passes look families up when they run, so every transform in the
-session sees the flipped class. Production code reads no environment variable: without this
-plugin, or without the variable, nothing changes. ``python -m benchmarks mutants`` runs the test
-selection once per family with this plugin.
+loads it, before any test module is imported; passes look families up when they run, so every
+transform in the session sees the flipped class. Production code reads no environment variable:
+without this plugin, or without the variable, nothing changes. ``python -m benchmarks mutants`` runs
+the test selection once per family with this plugin.
 """
 
 from __future__ import annotations

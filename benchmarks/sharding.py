@@ -31,9 +31,8 @@ towards the chain's entropy, ln 4 = 1.39. Every recipe wraps each decoder layer 
   makes the plan). Its bytes are the last step's.
 
 Bytes are counted in FSDP2's own collectives (``amprewrite.compile.sharding.count_comm``):
-all-gather
-outputs (the unsharded, padded parameters) and reduce-scatter inputs (the gradients), per rank
-and step, summed over the step's collectives (a group gathering several dtypes, float8 weights
+all-gather outputs (the unsharded, padded parameters) and reduce-scatter inputs (the gradients), per
+rank and step, summed over the step's collectives (a group gathering several dtypes, float8 weights
 next to bf16 norms, gathers one uint8 buffer). The loss of a step is averaged over ranks.
 ``loss_rel_fp32``: the relative difference of the mean loss over the last 10 steps from the
 fp32 recipe's (the goal's measure); ``loss_rel_fp32_max_step``: the largest relative

@@ -18,8 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 @pytest.fixture(autouse=True, scope="session")
 def _codegen_checked_against_fx():
     """Every graph amprewrite recompiles in the suite is written both by amprewrite.graph.codegen
-    and
-    by torch.fx, and a difference fails the test that made it."""
+    and by torch.fx, and a difference fails the test that made it."""
     codegen.check(True)
     yield
     codegen.check(False)

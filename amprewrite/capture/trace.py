@@ -11,7 +11,7 @@ guards to build, and the graph is ATen-level. Every way the result:
 - never shares a module object with the caller: leaf modules the graph calls are shallow copies
   that share parameters, so ``gm.train()`` cannot flip the caller's modules;
 - records the original module path of every node in ``node.meta`` (see
-:mod:`amprewrite.graph.meta`);
+  :mod:`amprewrite.graph.meta`);
 - returns what the model returns: output dataclasses and, for a transformers model with its
   default ``use_cache=True``, the KV cache (transformers' cache classes registered with
   torch's pytree by ``transformers.exporters``, scoped to the graphs returning them).
@@ -442,8 +442,8 @@ def _operand_dtypes(gm: fx.GraphModule, model: nn.Module) -> None:
 
 
 def annotate_dynamo_graph(graph: fx.Graph) -> None:
-    """Module paths and ValueInfos (see :mod:`amprewrite.graph.meta`) from dynamo's own node
-    meta."""
+    """Module paths and ValueInfos (see :mod:`amprewrite.graph.meta`) from dynamo's own
+    node meta."""
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         entries = list(stack.values())

@@ -6,8 +6,7 @@ are not scaled, so when a model's values outgrow the ranges its plan was made fr
 step overflows again and is skipped, silently. This drop-in subclass does what torch's does and,
 in ``update()``, when that step found inf, marks every amprewrite plan stale
 (:func:`amprewrite.compile.block_plans.mark_overflow`): each compiled block records its ranges
-again on its
-next call and plans again where they grew, so training goes on after one lost step.
+again on its next call and plans again where they grew, so training goes on after one lost step.
 
 A subclass is needed because ``torch.amp.GradScaler`` exposes no hook on ``found_inf``; the flag
 it reads is already on the host after ``step()`` (torch's ``step`` syncs on it), so this costs no

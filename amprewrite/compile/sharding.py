@@ -379,7 +379,7 @@ class Float8Gathered(torch.Tensor):
 def dequantized(data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A float8 weight gathered with its ``scale``, in ``dtype``: what the graph reads.
 
-    >>> from amprewrite import float8 as f8
+    >>> from amprewrite.precision import float8 as f8
     >>> w = torch.tensor([[0.5, -0.25], [0.125, 0.01]])
     >>> s = f8.scale_of(w.abs().max())
     >>> dequantized(f8.to_e4m3(w, s), s, torch.bfloat16)  # 0.01: e4m3 keeps 3 mantissa bits

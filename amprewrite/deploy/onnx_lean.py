@@ -25,9 +25,8 @@ A lossy cast pair (``float32 -> float16 -> float32``) is a rounding the plan ask
 
 One rule is a rounding, not a rewrite, and runs only when asked (``lean(model, tables=True)``;
 :func:`amprewrite.deploy.export.export` asks for it in a float16 ONNX file): a float32 initializer
-read
-only as the table of lookups (``Gather``, ``GatherElements``, ``GatherND``: an embedding) and by
-casts to float16 is stored float16, and each lookup's result is cast to float32 after it. A
+read only as the table of lookups (``Gather``, ``GatherElements``, ``GatherND``: an embedding) and
+by casts to float16 is stored float16, and each lookup's result is cast to float32 after it. A
 lookup commutes with a cast, so the file computes exactly what it did with the table rounded to
 float16 and widened: the rows it reads are rounded, nothing else. The plan keeps such a lookup
 fp32 because it feeds the fp32 residual stream and norms (an exact op in fp32 needs no cast),
@@ -36,12 +35,10 @@ to each embedding row (relative 2**-11 at most) and halves the file's largest te
 read by a float16 matmul too (GPT-2's embedding, tied to its head) is then stored once, float16.
 Not when the file has no float16 cast (a bfloat16 or float32 file), nor for a table past
 float16's range or more than :data:`amprewrite.precision.ranges.TINY_SHARE` of whose nonzero values
-would
-be float16 subnormals.
+would be float16 subnormals.
 
 One more runs only when asked (``lean(model, bias=True)``; :func:`amprewrite.deploy.export.export`
-asks
-for it in a float16 ONNX file), and it removes a rounding: ``torch.onnx`` writes a float16
+asks for it in a float16 ONNX file), and it removes a rounding: ``torch.onnx`` writes a float16
 ``linear`` as a ``MatMul`` and an ``Add`` of its bias, each rounded to float16, where PyTorch's
 kernel (and cuBLAS's epilogue) adds the bias before its one rounding. Where the sum is only
 widened to float32 after (a linear that feeds the fp32 residual stream), the widening moves

@@ -3,9 +3,8 @@ fast call, the fixed train/eval mode.
 
 A :class:`DynamoGraphModule` checks each call's inputs against the capture's guards
 (:mod:`amprewrite.graph.shapes`). Inputs it was not captured for run on a graph transformed for
-them,
-made once by the re-transform callback the transform gave it (``_amp_source``), then cached; or
-raise :class:`~amprewrite.errors.ShapeError`. This module knows nothing of how a graph is
+them, made once by the re-transform callback the transform gave it (``_amp_source``), then cached;
+or raise :class:`~amprewrite.errors.ShapeError`. This module knows nothing of how a graph is
 transformed: it imports no pass and not :mod:`amprewrite.api`.
 
 torch dynamo is imported on first use, when a DynamoGraphModule is made (a capture has imported

@@ -2,9 +2,8 @@
 
 They are plain functions of their arguments (no state, no registration): a pass puts a
 ``call_function`` node with one of them as target into the graph, and
-``amprewrite/precision/ops.py``
-gives each a row in the op table. Each is ``torch.fx.wrap``-ped, so re-tracing a transformed
-graph keeps it one node.
+``amprewrite/precision/ops.py`` gives each a row in the op table. Each is ``torch.fx.wrap``-ped, so
+re-tracing a transformed graph keeps it one node.
 
 >>> import torch
 >>> x = torch.zeros(2, 3)

@@ -13,12 +13,11 @@ Rewrite to:
 
 Each candidate gets a verdict, recorded in ``meta[FLOAT8]`` and the report: the
 ``include``/``exclude`` selectors first, then the cost model
-(:func:`amprewrite.precision.float8.speedup`
-on the example inputs' rows), then the numerics check: the graph runs once on the example
-inputs and each candidate's float8 error on its own inputs is compared with its bf16 error
-(:func:`errors`; docs/guide.md, "float8", and docs/design-notes.md). Without
-example inputs (fake inputs in the backend, a checkpointed region's body) nothing is measured
-and every linear stays bf16, saying so.
+(:func:`amprewrite.precision.float8.speedup` on the example inputs' rows), then the numerics check:
+the graph runs once on the example inputs and each candidate's float8 error on its own inputs is
+compared with its bf16 error (:func:`errors`; docs/guide.md, "float8", and docs/design-notes.md).
+Without example inputs (fake inputs in the backend, a checkpointed region's body) nothing is
+measured and every linear stays bf16, saying so.
 """
 
 from __future__ import annotations

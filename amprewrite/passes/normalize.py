@@ -8,9 +8,8 @@ produces — and LOW ops can have their weights cast in the graph. Modules whose
 on ``module.training`` (BatchNorm, Dropout) stay ``call_module`` so ``gm.train()``/``gm.eval()``
 switch them at run time; so do subclasses (their ``forward`` may differ) and hooked modules.
 The lowering of each module class is its family's ``lower`` entry in
-:mod:`amprewrite.precision.ops`.
-The lowered modules stay in ``gm`` (unused): they hold the parameters under their names.
-"""
+:mod:`amprewrite.precision.ops`. The lowered modules stay in ``gm`` (unused): they hold the
+parameters under their names. """
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ inputs
    and bf16; :func:`amprewrite.precision.ranges.declared_fp32`), through views of it, run in FP32;
 4. **ranges** (``meta[RANGE]``, recorded by record_ranges): a value whose magnitude on the
    example inputs passes :func:`amprewrite.precision.ranges.range_limit` is computed and stored in
-   FP32,
-   and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
+   FP32, and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
    subnormal (a 1e-6 layer scale in fp16; a bias alone rescale_matmuls has split off, to be
    added in fp32); where they keep more than half of the matmul FLOPs fp32, a note says so;
 5. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name);
@@ -107,8 +106,7 @@ def range_reason(node: fx.Node, low: torch.dtype, where: str = "the example inpu
                  own: bool = True, reads: bool = True) -> str | None:
     """Why the ranges record_ranges wrote keep ``node`` out of ``low`` (None: they do not):
     with ``own``, its value passes :func:`~amprewrite.precision.ranges.range_limit`; with ``reads``
-    (a
-    LOW op), it reads an input past the limit, or a weight past ``low``'s largest number or
+    (a LOW op), it reads an input past the limit, or a weight past ``low``'s largest number or
     that ``low`` would store mostly subnormal. ``where``: what the ranges were taken on."""
     if not narrower_than_fp32(low):
         return None

@@ -34,8 +34,7 @@ it: a bias fp16 would store mostly subnormal (torchvision's ViT initialises its 
 std 1e-6) costs its own add, not its matmul's FLOPs.
 
 Matches (a parameter ``b`` with more than :data:`~amprewrite.precision.ranges.TINY_SHARE` of its
-nonzero
-values below fp16's smallest normal number; the data, the weight and the result in range):
+nonzero values below fp16's smallest normal number; the data, the weight and the result in range):
     ``y = linear(x, w, b)``  /  ``y = addmm(b, x, w)``  /  ``y = conv2d(x, w, b, ...)``
 Rewrite to:
     ``y = linear(x, w, None) + b``  /  ``y = mm(x, w) + b``  /  ``y = conv2d(x, w, None, ...) +

@@ -221,8 +221,7 @@ def mixed_problem(node: fx.Node, signature: Mixed, dtype: torch.dtype, device: t
                   module: torch.nn.Module | None = None, fn: Callable | None = None,
                   memo: dict | None = None) -> str | None:
     """Why ``node``'s kernel cannot take ``signature`` (:class:`amprewrite.precision.ops.Mixed`)
-    with its
-    data input (first argument) in ``dtype`` on ``device``; None when a probe confirmed it.
+    with its data input (first argument) in ``dtype`` on ``device``; None when a probe confirmed it.
 
     The probe runs the op twice on the same values, forward and backward: all fp32, then with
     the data input in ``dtype`` (other tensors fp32; ``dtype=torch.float32`` added for

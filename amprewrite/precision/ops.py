@@ -116,9 +116,8 @@ class Mixed(enum.Enum):
     # Takes ``dtype=torch.float32``: reads a low input, writes fp32 (softmax, sum, mean).
     DTYPE_ARG = "dtype_arg"
     # Where the kernel refuses LOW_IO: the family's ``fp32_helper`` (amprewrite/graph/runtime.py),
-    # which
-    # runs the fp32 kernels forward and backward on an exact fp32 copy it makes when needed, and
-    # returns and saves the low input's dtype (bit-equal to the fp32 island, half its bytes).
+    # which runs the fp32 kernels forward and backward on an exact fp32 copy it makes when needed,
+    # and returns and saves the low input's dtype (bit-equal to the fp32 island, half its bytes).
     FP32_HELPER = "fp32_helper"
 
     @property

@@ -268,8 +268,8 @@ class CompiledReport:
 
 
 # Functions that find the report of a module compiled with the backend
-# (amprewrite.compile.block_plans
-# registers its compiled_report on import: without a plan there is nothing to find).
+# (amprewrite.compile.block_plans registers its compiled_report on import: without a plan there is
+# nothing to find).
 COMPILED_LOOKUPS: list = []
 
 
@@ -279,9 +279,8 @@ def report(gm: fx.GraphModule | torch.export.ExportedProgram | torch.nn.Module
     :func:`amprewrite.transform`; for a module compiled with ``backend="amprewrite"`` (or a
     model whose blocks were compiled one by one), after its first call, the
     :class:`~amprewrite.compile.block_plans.CompiledReport` of every graph the backend planned:
-    each graph's
-    report, the blocks, ranks and steps its plan was made from, and every re-plan with its
-    reason (DESIGN.md, "One plan at scale").
+    each graph's report, the blocks, ranks and steps its plan was made from, and every re-plan with
+    its reason (DESIGN.md, "One plan at scale").
 
     >>> import torch, amprewrite
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))

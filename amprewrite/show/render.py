@@ -40,8 +40,7 @@ def node_table(gm: fx.GraphModule, rewritten: set[str] = frozenset()) -> str:
 
     Columns are as wide as their longest entry (names, module paths and families up to
     :data:`~amprewrite.precision.report.NAME_CAPS`; a longer one pushes the rest of its row right),
-    so
-    every name is whole (grep finds it); a column empty in every row (family, class and
+    so every name is whole (grep finds it); a column empty in every row (family, class and
     reason of a graph before the passes) is left out.
     """
     cols = ["name", "op", "target", "module", "family", "precision", "dtype", "reason"]

@@ -1,8 +1,8 @@
 """What the graph views show, computed once: one row per node, the module tree, the summary.
 
 The HTML report (:mod:`amprewrite.show.html`) and the Model Explorer export
-(:mod:`amprewrite.show.explorer`)
-both read these, so their numbers agree with each other and with :func:`amprewrite.report`.
+(:mod:`amprewrite.show.explorer`) both read these, so their numbers agree with each other and with
+:func:`amprewrite.report`.
 
 >>> import torch, amprewrite
 >>> from amprewrite.show.views import graph_view, summary

@@ -2,8 +2,7 @@
 
 The graph carries amprewrite's own run-time helpers (writes through a view,
 ``amprewrite/graph/runtime.py``) and custom ``torch.autograd.Function``s as dynamo captured them;
-both
-must be traceable by dynamo. Compiles are slow on a small CPU: the default run compiles two zoo
+both must be traceable by dynamo. Compiles are slow on a small CPU: the default run compiles two zoo
 models and the two special cases, ``-m slow`` every other zoo model.
 
 Tolerances: inductor fuses the casts and computes fused pointwise ops in fp32, so a compiled

@@ -5,8 +5,7 @@ transformers' models declare parameters that ``from_pretrained`` keeps in fp32:
 in fp16 and bf16 (a MoE router's ``gate.weight``). Every family of the installed transformers
 that declares either is enumerated here, built from a shrunk config (random weights, no
 downloads), and :func:`amprewrite.precision.ranges.declared_fp32` must name exactly the parameters
-and
-buffers transformers' own loader would keep fp32. A representative set is transformed: every
+and buffers transformers' own loader would keep fp32. A representative set is transformed: every
 op that reads a declared parameter computes in fp32 and says why; the slow test transforms
 every family that can be given inputs.
 """

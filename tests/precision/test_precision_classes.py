@@ -16,8 +16,7 @@ where autocast computes it in fp32, an all-``dtype`` run's) x 1.1 + :data:`SLACK
 The few FP32 families where no input can tell the classes apart on CPU (no low-precision kernel,
 so the kernel probe makes them fp32 anyway; complex values; functions capture traces through)
 carry their reason as ``why=`` in ``amprewrite/precision/ops.py``, and the test checks it is there
-and that
-the flip indeed changes nothing.
+and that the flip indeed changes nothing.
 
 ``python -m benchmarks mutants`` flips each family in turn and runs this file (docs/testing.md,
 "Mutation testing of the precision classes").

@@ -147,21 +147,19 @@ def cycles(edges: list[Edge]) -> list[list[str]]:
 
 
 def picture(mods: dict[str, Path], edges: list[Edge]) -> str:
-    """The layers as a table (files and lines per folder) and the folder-to-folder imports as
-    a Mermaid graph, top layer first."""
-    lines_of: dict[str, int] = {}
+    """The layers as a table (the files of each part) and the part-to-part imports as a
+    Mermaid graph, top layer first. Only structure, no sizes: the page changes when a file or
+    an import between parts does."""
     files_of: dict[str, list[str]] = {}
     for name, path in mods.items():
-        p = part(name)
-        lines_of[p] = lines_of.get(p, 0) + len(path.read_text().splitlines())
-        files_of.setdefault(p, []).append(path.relative_to(PACKAGE).as_posix())
-    out = ["| layer | part | files | lines |", "|---|---|---|---|"]
+        files_of.setdefault(part(name), []).append(path.relative_to(PACKAGE).as_posix())
+    out = ["| layer | part | files |", "|---|---|---|"]
     for i in reversed(range(len(LAYERS))):
         for name in LAYERS[i]:
             if name not in files_of:
                 continue
             shown = ", ".join(f"`{f}`" for f in files_of[name])
-            out.append(f"| {i} | `{name}` | {shown} | {lines_of[name]:,} |")
+            out.append(f"| {i} | `{name}` | {shown} |")
     pairs = sorted({(part(s), part(d)) for s, d, _ in edges if part(s) != part(d)},
                    key=lambda p: (-rank(p[0]), p[0], -rank(p[1]), p[1]))
     node = {name: name.strip("_") or name for names in LAYERS for name in names}
@@ -169,9 +167,8 @@ def picture(mods: dict[str, Path], edges: list[Edge]) -> str:
     out += [f"  {node[a]} --> {node[b]}" for a, b in pairs]
     out += ["```", "",
             f"{len(mods)} modules in {len({p for p in files_of if (PACKAGE / p).is_dir()})} "
-            f"folders; {len({(s, d) for s, d, _ in edges})} module-to-module imports, "
-            f"{len(upward(edges))} running up a "
-            f"layer or across, {len(cycles(edges))} cycles."]
+            f"folders; {len(upward(edges))} imports running up a layer or across, "
+            f"{len(cycles(edges))} cycles."]
     return "\n".join(out)
 
 

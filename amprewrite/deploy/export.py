@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -408,10 +409,15 @@ def _write_onnx(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
 def _transformers_translations() -> dict | None:
     """transformers' own ONNX translations of ops torch.onnx has none for (its exporter's table,
     ``transformers.exporters.exporter_onnx``): its MoE experts' ``grouped_mm_fallback`` (Mixtral,
-    Qwen3-MoE), ``_grouped_mm``, ``bincount``. None without a transformers that ships one."""
+    Qwen3-MoE), ``_grouped_mm``, ``bincount``. None without a transformers that ships one, and
+    None where the process has not imported transformers: those ops come from its models, and
+    importing it for a plain model cost seconds and printed torchao's load failures."""
+    if "transformers" not in sys.modules:
+        return None
     try:
-        from transformers.exporters.exporter_onnx import _ONNX_TRANSLATION_TABLE
-    except Exception:  # not installed, or older than its exporters (5.2x)
+        with quiet_loggers("torchao", "torch.utils._pytree"):
+            from transformers.exporters.exporter_onnx import _ONNX_TRANSLATION_TABLE
+    except Exception:  # older than its exporters (5.2x)
         return None
     return dict(_ONNX_TRANSLATION_TABLE) or None
 

@@ -462,3 +462,19 @@ def test_a_gpt2_pt2_exported_with_dynamic_seq_takes_other_lengths(tmp_path):
             got, ref = program(x)["logits"], model(x).logits
         assert got.shape == (batch, seq, 256)
         assert rel_err(got, ref) <= 2e-2
+
+
+def test_onnx_export_of_a_plain_model_does_not_import_transformers():
+    """transformers' ONNX translations serve ops of its own models: a process that never
+    imported transformers (a plain MLP) does not import it for them (seconds, and torchao's
+    load failures printed on stderr); one that did still gets them."""
+    code = ("import sys; from amprewrite.deploy import export as e; "
+            "print(e._transformers_translations() is None, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.stdout.split() == ["True", "False"], done.stderr
+    pytest.importorskip("transformers")
+    with_hf = subprocess.run([sys.executable, "-c", "import transformers; " + code],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert with_hf.stdout.split() == ["False", "True"], with_hf.stderr
+    assert "Failed to load" not in with_hf.stderr

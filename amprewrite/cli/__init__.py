@@ -30,6 +30,6 @@ ends as soon as the command is done (:func:`main` skips the interpreter's teardo
 The command line imports every stage, always inside the function that needs it.
 """
 
-from .main import main, write_artefacts
+from .main import build_parser, main, write_artefacts
 
-__all__ = ["main", "write_artefacts"]
+__all__ = ["build_parser", "main", "write_artefacts"]

@@ -24,7 +24,7 @@ from .flags import (
 
 # No torch at import (see the module docstring): .dtypes and .target are imported where used.
 
-__all__ = ["main", "write_artefacts"]
+__all__ = ["build_parser", "main", "write_artefacts"]
 
 
 # --- wording: the library's errors name Python keywords; the CLI user types flags ------------

@@ -755,6 +755,14 @@ _TABLE: list[Family] = [
         "scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention", "_native_multi_head_attention"]),
+    # FlexAttention (torch.nn.attention.flex_attention; torchtitan's attention for Llama 3): the
+    # same attention as SDPA, its query, key and value low; the score and mask functions are
+    # subgraphs that run as written on the scores the kernel makes (fp32 accumulation), and
+    # the tensors they capture (a bias table, document ids) are read as they are.
+    _op("flex_attention", L, functions=[torch.ops.higher_order.flex_attention],
+        values=(0, 1, 2), probe=False,
+        why="attention like scaled_dot_product_attention: query, key and value low; its "
+            "score and mask functions run as written"),
     # FP32: normalisations (batch statistics overflow fp16; NaN corrupts running stats).
     _op("batch_norm", H, ["batch_norm", "native_batch_norm", "_native_batch_norm_legit",
                           "batch_norm_elemt", "batch_norm_stats", "batch_norm_gather_stats",

@@ -1,5 +1,6 @@
 """Suite-wide settings."""
 
+import gc
 import os
 
 import pytest
@@ -22,3 +23,15 @@ def _codegen_checked_against_fx():
     codegen.check(True)
     yield
     codegen.check(False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session):
+    """Leave what the suite made to the process's exit. After the last test pytest collects
+    garbage several times to find unraisable exceptions; over the heap a worker has built by
+    then (dynamo's caches, graphs, torch) that took more than 5 s on a loaded 2-core machine,
+    and pytest-xdist's execnet, waiting 5 s for a worker to end, sends it SIGINT: the
+    KeyboardInterrupt landed in a garbage-collection callback or a ``__del__``
+    (``StorageWeakRef.__del__``) and pytest printed it as an unraisable exception at the end of
+    a green run. Frozen objects are not examined by those collections."""
+    gc.freeze()

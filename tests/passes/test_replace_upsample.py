@@ -242,12 +242,26 @@ def test_size_of_unknown_kind_becomes_an_exact_fp32_island():
     assert torch.equal(gm(x, skip), F.interpolate(x, size=(9, 7)))
 
 
+class _Together(nn.Module):
+    """Several graphs in one module, so one inductor compile covers every case (a compile per
+    case cost about 5 s of CPU each)."""
+
+    def __init__(self, graphs: list[nn.Module]):
+        super().__init__()
+        self.graphs = nn.ModuleList(graphs)
+
+    def forward(self, *xs):
+        return [g(x) for g, x in zip(self.graphs, xs)]
+
+
 def test_symbolic_graph_under_torch_compile():
     torch._dynamo.reset()
-    for shape, kw in CASES[:8]:
-        x = torch.randn(shape)
-        compiled = torch.compile(symbolic(kw), fullgraph=True, dynamic=False)
-        assert torch.equal(compiled(x), F.interpolate(x, **kw)), (shape, kw)
+    cases = CASES[:8]
+    xs = [torch.randn(shape) for shape, _ in cases]
+    compiled = torch.compile(_Together([symbolic(kw) for _, kw in cases]), fullgraph=True,
+                             dynamic=False)
+    for out, x, (shape, kw) in zip(compiled(*xs), xs, cases):
+        assert torch.equal(out, F.interpolate(x, **kw)), (shape, kw)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -335,11 +349,13 @@ def test_rewritten_graph_runs_at_other_sizes():
 
 def test_under_torch_compile():
     torch._dynamo.reset()
-    for shape, kw in CASES[:12]:
-        x = torch.randn(shape)
-        gm = transform(Up(**kw), dtype=torch.bfloat16, upsample="always", example_inputs=(x,))
-        compiled = torch.compile(gm, fullgraph=True, dynamic=False)
-        assert torch.equal(compiled(x), F.interpolate(x, **kw)), (shape, kw)
+    cases = CASES[:12]
+    xs = [torch.randn(shape) for shape, _ in cases]
+    gms = [transform(Up(**kw), dtype=torch.bfloat16, upsample="always", example_inputs=(x,))
+           for x, (_, kw) in zip(xs, cases)]
+    compiled = torch.compile(_Together(gms), fullgraph=True, dynamic=False)
+    for out, x, (shape, kw) in zip(compiled(*xs), xs, cases):
+        assert torch.equal(out, F.interpolate(x, **kw)), (shape, kw)
 
 
 # --- the probe ---------------------------------------------------------------------------------
@@ -409,16 +425,20 @@ def test_upsample_option_is_validated():
 
 def test_gradients_under_torch_compile():
     torch._dynamo.reset()
-    for shape, kw in CASES[:6]:
+    cases, xs, ys, grads, gms = CASES[:6], [], [], [], []
+    for shape, kw in cases:
         x = torch.randint(-8, 8, shape).float().requires_grad_()
         y = x.detach().clone().requires_grad_()
         native = F.interpolate(x, **kw)
         grad = torch.randint(-4, 4, native.shape).float()
         native.backward(grad)
-        gm = transform(Up(**kw), dtype=torch.bfloat16, upsample="always",
-                       example_inputs=(y.detach(),), keep_io_dtype=False)
-        out = torch.compile(gm, fullgraph=True, dynamic=False)(y)
-        out.float().backward(grad.to(out.dtype).float())
+        gms.append(transform(Up(**kw), dtype=torch.bfloat16, upsample="always",
+                             example_inputs=(y.detach(),), keep_io_dtype=False))
+        xs.append(x), ys.append(y), grads.append(grad)
+    outs = torch.compile(_Together(gms), fullgraph=True, dynamic=False)(*ys)
+    torch.autograd.backward([o.float() for o in outs], [g.to(o.dtype).float()
+                                                        for o, g in zip(outs, grads)])
+    for x, y, (shape, kw) in zip(xs, ys, cases):
         # Integer values and gradients are exact in bf16 (|v| < 256): the sums are exact too.
         assert torch.equal(y.grad, x.grad), (shape, kw)
 

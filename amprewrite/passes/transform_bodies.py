@@ -1,10 +1,12 @@
 """transform_bodies: the body of each activation-checkpoint (or ``wrap``) region becomes a graph
-transformed on its own, with fp32 inputs and outputs.
+transformed on its own, its outputs in the model's dtypes.
 
 Matches:   ``out = tag_activation_checkpoint(body, x, ...)`` (``checkpoint_wrapper``,
            ``torch.utils.checkpoint`` under dynamo) and dynamo's plain ``wrap``
-Rewrite to: the same call, ``body`` transformed by the whole pipeline (its own report notes the
-           low ops and casts), the call itself FP32 (``meta[FORCE]``) so its boundary stays fp32.
+Rewrite to: the same call, ``body`` transformed by the whole pipeline (its decisions are listed
+           in the outer report as ``<body>.<node>``), the call itself NONFLOAT
+           (``meta[FORCE]``): its inputs enter as they come and its outputs leave in the
+           model's dtypes.
 
 The passes do not look inside a subgraph: without this the region is one op they do not know,
 run in fp32, and a checkpointed transformer block would not run low at all. The boundary is
@@ -92,6 +94,7 @@ class TransformBodies(Pass):
             if outer is not None:
                 outer.notes.append(
                     f"{node.name}: the {name} region's body was transformed as its own graph "
-                    f"({counts.get('low', 0)} low ops, {counts.get('cast', 0)} casts), with "
-                    "fp32 inputs and outputs")
+                    f"({counts.get('low', 0)} low ops, {counts.get('cast', 0)} casts; its "
+                    f"nodes are listed as {prefix}.<node>), its inputs taken as they come and "
+                    "its outputs in the model's dtypes")
         return changed

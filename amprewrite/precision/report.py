@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -326,25 +327,58 @@ def _nodes_with_bodies(gm: fx.GraphModule):
                         if n.op not in ("placeholder", "output"))
 
 
+def _region_body(gm: fx.GraphModule, node: fx.Node) -> tuple[str, Report] | None:
+    """(body name, body report) where ``node`` calls a region body transformed as a graph of
+    its own (an activation checkpoint's, :mod:`amprewrite.passes.transform_bodies`)."""
+    if not (node.op == "call_function" and node.args
+            and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr"):
+        return None
+    name = str(node.args[0].target)
+    try:
+        body = gm.get_submodule(name)
+    except AttributeError:
+        return None
+    report = getattr(body, "meta", {}).get(REPORT_KEY)
+    return (name, report) if isinstance(report, Report) else None
+
+
 def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
-    """One :class:`Decision` per node of a transformed graph (``policy.dtype`` is the low dtype)."""
+    """One :class:`Decision` per node of a transformed graph (``policy.dtype`` is the low dtype).
+
+    A region whose body was transformed as a graph of its own (an activation checkpoint's) is
+    listed as its call followed by its body's decisions, each node named ``<body>.<node>``; the
+    body's ``get_attr`` is not a parameter and is left out."""
     out = []
+    regions = {n: body for n in gm.graph.nodes if (body := _region_body(gm, n)) is not None}
+    bodies = {name for name, _ in regions.values()}
     for node in _nodes_with_bodies(gm):
-        label = node.meta.get(M.LABEL)
-        cls = node.meta.get(M.CLASS)
-        precision = M.node_kind(node)
-        storage = None if label is None else str(torch.float32 if label == M.HIGH
-                                                  else policy.dtype)
-        # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
-        dtype = (str(torch.float32) if storage and getattr(cls, "value", None) == "fp32"
-                 else storage)
-        fp8 = node.meta.get(M.FLOAT8)
-        if fp8 is not None and fp8.startswith("fp8"):
-            dtype = str(torch.float8_e4m3fn)
-        target = node.target if isinstance(node.target, str) else getattr(
-            node.target, "__name__", str(node.target))
-        out.append(Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
-                            node.meta.get(M.FAMILY), precision, dtype,
-                            node.meta.get(M.REASON, ""), M.source_line(node), storage,
-                            node.meta.get(M.RANGE), fp8))
+        if node.op == "get_attr" and str(node.target) in bodies:
+            continue
+        if node in regions:
+            name, report = regions[node]
+            out.append(_decision(node, policy))
+            out += [dataclasses.replace(d, node=f"{name}.{d.node}") for d in report.decisions
+                    if d.op not in ("placeholder", "output")]
+            continue
+        out.append(_decision(node, policy))
     return out
+
+
+def _decision(node: fx.Node, policy: object) -> Decision:
+    label = node.meta.get(M.LABEL)
+    cls = node.meta.get(M.CLASS)
+    precision = M.node_kind(node)
+    storage = None if label is None else str(torch.float32 if label == M.HIGH
+                                              else policy.dtype)
+    # An FP32 op computes in float32 whatever it stores (a norm reading and writing low).
+    dtype = (str(torch.float32) if storage and getattr(cls, "value", None) == "fp32"
+             else storage)
+    fp8 = node.meta.get(M.FLOAT8)
+    if fp8 is not None and fp8.startswith("fp8"):
+        dtype = str(torch.float8_e4m3fn)
+    target = node.target if isinstance(node.target, str) else getattr(
+        node.target, "__name__", str(node.target))
+    return Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
+                    node.meta.get(M.FAMILY), precision, dtype, node.meta.get(M.REASON, ""),
+                    M.source_line(node), storage, node.meta.get(M.RANGE), fp8)

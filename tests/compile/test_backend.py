@@ -306,3 +306,26 @@ def test_flex_attention_runs_low_like_sdpa_in_transform_and_the_backend():
                                  options={"dtype": "bf16", "inner": "eager"})
         for y in (gm(x), compiled(x)):
             assert float((y - ref).norm() / ref.norm()) <= 1.1 * err_sdpa  # 5.8e-4 vs 5.6e-4
+
+
+def test_the_report_of_a_checkpointed_block_lists_its_body():
+    """A checkpointed, compiled block (the FSDP2 recipe's) reports what runs inside: the body's
+    decisions as ``<body>.<node>`` (a low linear, an fp32 layer norm, their casts), not the body
+    as a "param" and one note."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.Linear(32, 16))
+    torch._dynamo.reset()
+    compiled = torch.compile(checkpoint_wrapper(block), backend="amprewrite",
+                             options={"dtype": "bf16", "inner": "eager"})
+    compiled(torch.randn(4, 16, requires_grad=True)).sum().backward()
+    rep = amprewrite.report(compiled).graphs[0].report
+    inside = {d.node.split(".", 1)[1]: d for d in rep.decisions
+              if d.node.startswith("wrap_body_0.")}
+    assert {d.precision for d in inside.values() if d.family == "linear"} == {"low"}
+    assert [d.dtype for d in inside.values() if d.family == "layer_norm"] == ["torch.float32"]
+    assert any(d.precision == "cast" for d in inside.values())
+    assert not [d for d in rep.decisions if d.node == "wrap_body_0"]  # not a parameter
+    (note,) = [n for n in rep.notes if "region's body" in n]
+    assert "wrap_body_0.<node>" in note and "fp32 inputs" not in note

@@ -19,6 +19,7 @@ from .capture.verify import selector_for
 from .errors import PassError, PolicyError, VerificationError
 from .graph import meta as M
 from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
+from .graph.runtime import no_enclosing_autocast
 from .graph.shapes import BATCH
 from .passes import pipeline, run_pipeline
 from .passes.paint_precision import matches
@@ -211,7 +212,7 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
 
     ``advise``: when verification fails, transform again to find ``keep_fp32`` advice that
     passes (the error's ``keep_fp32``)."""
-    with older_objects_not_collected():
+    with older_objects_not_collected(), no_enclosing_autocast():
         return _transform_with(model, policy, example_inputs, on_pass, advise)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AmpRewriteError",
+    "AutocastIgnoredWarning",
     "CaptureError",
     "ModeSwitchError",
     "ModelError",
@@ -76,3 +77,9 @@ class NotVerifiedWarning(UserWarning):
     """:func:`amprewrite.transform` returned a graph it could not check against fp32 and
     autocast (no ``example_inputs`` to run it on). Python shows it once per calling line;
     ``verify=False`` says the check is not wanted and silences it."""
+
+
+class AutocastIgnoredWarning(UserWarning):
+    """A transformed graph ran inside an enclosing ``torch.autocast`` and turned it off for its
+    own ops: the plan's casts are explicit, and autocast's would undo them. Shown once per
+    graph, and said in its report; the ops outside the graph still run under autocast."""

@@ -28,6 +28,7 @@ from ..capture.trace import annotate_dynamo_graph
 from ..errors import PolicyError
 from ..graph import meta as M
 from ..graph.modules import get_attr
+from ..graph.runtime import no_enclosing_autocast
 from ..precision.policy import Policy, check_selectors
 from ..precision.ranges import declared_fp32, narrower_than_fp32
 from .block_plans import GraphPlan, across_ranks
@@ -115,6 +116,14 @@ def _check_options(gm: fx.GraphModule, policy: Policy) -> None:
 
 
 def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
+    # A compile inside an enclosing autocast (a trainer's) records ranges, checks float8 and
+    # traces the inner backend in fp32's state: the graph's own guard keeps autocast off when
+    # it runs, and an inner compiler tracing it must not bake autocast's casts in either.
+    with no_enclosing_autocast():
+        return _compile_planned(gm, example_inputs, policy, inner)
+
+
+def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
     annotate_dynamo_graph(gm.graph)
     _check_options(gm, policy)
     if policy.device is None:

@@ -31,6 +31,7 @@ import torch
 from torch import fx, nn
 
 from ..graph.meta import CAST, FLOAT8, FP8_ERRORS_KEY, RANGES_KEY, REPORT_KEY
+from ..graph.runtime import no_enclosing_autocast
 from ..precision.ranges import (
     TINY_SHARE,
     ValueRange,
@@ -254,12 +255,13 @@ class GraphPlan:
         why = ("new parameters (another block)" if key not in self.blocks
                else self.stale or "recorded again")
         self._saw(key, args)
-        if self.ranged:
-            self._fit_ranges(key, args, why)
-        else:
-            self.assigned.setdefault(key, self.plans[0])
-        if self.fp8:
-            self._check_fp8(key, args, why)
+        with no_enclosing_autocast():  # the fp32 graph's ranges are fp32's, in a trainer too
+            if self.ranged:
+                self._fit_ranges(key, args, why)
+            else:
+                self.assigned.setdefault(key, self.plans[0])
+            if self.fp8:
+                self._check_fp8(key, args, why)
 
     def _fit_ranges(self, key: tuple[int, ...], args: Sequence[object], why: str) -> None:
         from ..passes.record_ranges import by_name, record_ranges

@@ -16,16 +16,39 @@ re-tracing a transformed graph keeps it one node.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable, Sequence
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 
 import torch
 
-__all__ = ["ViewStep", "autograd_function_apply", "batch_gather", "batch_index", "cast_if_float",
-           "group_norm_fp32", "layer_norm_fp32", "memory_format_of", "nearest_scale",
-           "recompute", "replay_view", "setitem", "vmap_call", "write_view"]
+from ..errors import AutocastIgnoredWarning
+from .meta import REPORT_KEY
+
+__all__ = [
+    "AUTOCAST_DEVICES",
+    "ViewStep",
+    "autocast_off",
+    "autocast_on_again",
+    "autograd_function_apply",
+    "batch_gather",
+    "batch_index",
+    "cast_if_float",
+    "group_norm_fp32",
+    "layer_norm_fp32",
+    "memory_format_of",
+    "nearest_scale",
+    "no_enclosing_autocast",
+    "recompute",
+    "replay_view",
+    "setitem",
+    "vmap_call",
+    "write_view",
+]
 
 ViewStep = tuple[str, tuple, dict]
 """One view op as data: a Tensor attribute name (``"transpose"``, ``"__getitem__"``, ``"T"``),
@@ -392,3 +415,72 @@ def output_sizes(in_sizes: Sequence[int | None], size, scale_factor,
     out = [None if i is None else math.floor(float(i) * float(f))
            for i, f in zip(in_sizes, factors)]
     return out, ([None] * k if recompute_scale_factor else [float(f) for f in factors])
+
+
+# --- an enclosing autocast ----------------------------------------------------------------------
+
+# The device types whose autocast a graph turns off while it runs (torch's autocast has one
+# switch per device type; an enclosing ``torch.autocast("cuda")`` leaves CPU ops alone).
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_off() -> list | None:
+    """The first call of every transformed graph: turn off each enclosing ``torch.autocast``
+    (transformers' Trainer, accelerate and Lightning put one around every forward), whose
+    casts would undo the plan's (a matmul kept fp32 recast to fp16 is inf). Returns what
+    :func:`autocast_on_again`, the graph's last call, turns back on: None when none was on, the
+    common case, which costs two flag reads. Autocast's state in backward is the forward's, so
+    backward follows the plan too. The first time a graph meets one it says so, in its report
+    (``amprewrite.report(gm).notes``) and once as a warning.
+
+    Under ``torch.compile`` and ``torch.export`` the flags are read while tracing: a graph
+    traced outside autocast keeps none of this, one traced inside keeps autocast off.
+    """
+    on = [d for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    if not on:
+        return None
+    if not torch.compiler.is_compiling():
+        _say_autocast_ignored(on, sys._getframe(1).f_locals.get("self"))
+    return [torch.amp.autocast_mode._enter_autocast(d, None, False, None) for d in on]
+
+
+def autocast_on_again(entered: list | None) -> None:
+    """The last call of every transformed graph: undo :func:`autocast_off`."""
+    if entered is not None:
+        for mode in reversed(entered):
+            torch.amp.autocast_mode._exit_autocast(mode)
+
+
+@contextlib.contextmanager
+def no_enclosing_autocast() -> Iterator[None]:
+    """Turn an enclosing ``torch.autocast`` off for the block, silently: a transform, the
+    backend's compile and a re-plan run the fp32 model to record its ranges and check the
+    graph, and those runs must be fp32's, whatever autocast the call is made in.
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16), no_enclosing_autocast():
+    ...     torch.ones(2, 2).mm(torch.ones(2, 2)).dtype
+    torch.float32
+    """
+    entered = [torch.amp.autocast_mode._enter_autocast(d, None, False, None)
+               for d in AUTOCAST_DEVICES if torch.is_autocast_enabled(d)]
+    try:
+        yield
+    finally:
+        autocast_on_again(entered)
+
+
+def _say_autocast_ignored(devices: list[str], gm: object) -> None:
+    meta = getattr(gm, "meta", None)
+    if not isinstance(meta, dict) or meta.get("amprewrite_autocast_seen"):
+        return
+    meta["amprewrite_autocast_seen"] = True
+    which = ", ".join(f"torch.autocast({d!r}, dtype={torch.get_autocast_dtype(d)})"
+                      for d in devices)
+    text = (f"an enclosing {which} was found and ignored inside this graph: the plan's casts "
+            "are explicit, and autocast's would undo them (a matmul kept fp32 because its "
+            "values pass fp16's range would run fp16); the ops outside the graph still run "
+            "under it")
+    report = meta.get(REPORT_KEY)
+    if report is not None:
+        report.notes.append(text)
+    warnings.warn(AutocastIgnoredWarning(f"amprewrite: {text}."), stacklevel=3)

@@ -29,6 +29,7 @@ from .base import CAPTURED, Kind, Pass
 from .float8_linears import Float8Linears
 from .freeze_dtype_reads import FreezeDtypeReads
 from .functionalize import Functionalize
+from .guard_autocast import GuardAutocast
 from .infer_dtypes import InferDtypes
 from .insert_casts import InsertCasts
 from .normalize import NormalizeModules
@@ -86,6 +87,9 @@ PASSES: tuple[type[Pass], ...] = (
     # In train mode, after every cast is in place: fp32 pointwise regions that read low values
     # are outlined and recomputed in backward (the same values, fewer bytes kept).
     RecomputeIslands,
+    # After every rewrite, so the graph's first and last calls stay first and last; before
+    # verification, which runs the graph as the user will (inside an autocast too).
+    GuardAutocast,
     # Last: the finished graph against fp32 and autocast on the example inputs.
     VerifyOutput,
 )

@@ -985,6 +985,12 @@ _TABLE: list[Family] = [
     Family("batch_gather", N, (runtime.batch_gather,), numeric=False),
     Family("memory_format_of", X, (runtime.memory_format_of,), numeric=False, out=Out.NONTENSOR,
            metadata=True, probe=False),
+    # The first and last calls of every transformed graph (guard_autocast): an enclosing
+    # autocast off while the graph runs, then on again. They read no tensor.
+    Family("autocast_guard", X, (runtime.autocast_off, runtime.autocast_on_again),
+           numeric=False, out=Out.NONTENSOR, metadata=True, probe=False,
+           why="turns an enclosing torch.autocast off while the graph runs: the plan's casts "
+               "are explicit"),
     # In-place fills and copies (after functionalize: on private clones or graph inputs).
     # copy_(src) and fill_(tensor) convert the numbers they write to the written tensor's dtype.
     _op("fill", N, ["fill", "zero", "fill_diagonal", "copy"], numeric=False, probe=False,

@@ -385,11 +385,16 @@ class LowOp(nn.Module):
         if f == "scaled_dot_product_attention":
             q = x.reshape(2, 2, 16, 16)
             return F.scaled_dot_product_attention(q, q.flip(-1), q * 0.5)
+        if f == "flex_attention":
+            from torch.nn.attention.flex_attention import flex_attention
+
+            q = x.reshape(2, 2, 16, 16)
+            return flex_attention(q, q.flip(-1), q * 0.5)
         raise AssertionError(f)
 
 
 LOW_CASES = ["linear", "bilinear", "conv", "conv_transpose", "matmul", "rnn_cell",
-             "scaled_dot_product_attention"]
+             "scaled_dot_product_attention", "flex_attention"]
 
 
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=NAMES.get)
@@ -399,8 +404,9 @@ def test_low_family_is_planned_low_and_accurate(family, dtype):
     model = LowOp(family)
     x = normal((16, 64), 5)
     # With example inputs: the kernel probe runs gru_cell on its real shapes (guessed ones
-    # do not fit its weights, which would make it an fp32 island).
-    gm = _transform(model, dtype, [x] if family == "rnn_cell" else None)
+    # do not fit its weights, which would make it an fp32 island); flex_attention is a
+    # higher-order op only dynamo captures.
+    gm = _transform(model, dtype, [x] if family in ("rnn_cell", "flex_attention") else None)
     planned = [(d.precision, d.dtype) for d in amprewrite.report(gm).decisions
                if d.family == family]
     assert planned and all(p == ("low", str(dtype)) for p in planned), planned

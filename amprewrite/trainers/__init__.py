@@ -1,0 +1,7 @@
+"""Integrations with training frameworks: the switch that puts amprewrite's plan and its loss
+scaler where each framework trains (transformers' ``Trainer``). Each module imports its
+framework only when it is used; ``import amprewrite`` imports none of them.
+
+Imports ``amprewrite.compile`` and the stages below it; nothing of ``deploy``, ``show`` or the
+command line.
+"""

@@ -1,0 +1,112 @@
+"""transformers' Trainer with amprewrite's plan in one line (``amprewrite.trainers.transformers``).
+
+On the overflow LLaMA (amprewrite.testing.overflow: its MLP passes fp16's 65504), CPU, eager
+inner backend: fp16 and bf16 train finite and near fp32, with gradient accumulation and
+``max_grad_norm``; evaluation, prediction, a checkpoint saved, resumed and loaded with
+``from_pretrained`` into a plain model; the model's signature kept, so ``remove_unused_columns``
+works as usual.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import amprewrite
+from amprewrite.errors import PolicyError
+from amprewrite.testing import overflow
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+amp = pytest.importorskip("amprewrite.trainers.transformers")
+
+
+def _data(ids: torch.Tensor, n: int = 8) -> list[dict]:
+    # "text" is a column the model does not take: remove_unused_columns drops it.
+    return [{"input_ids": ids[i % len(ids)], "labels": ids[i % len(ids)], "text": f"row {i}"}
+            for i in range(n)]
+
+
+def _trainer(tmp_path, precision: dict, with_amprewrite: bool, **more):
+    case = overflow.llama()
+    args = transformers.TrainingArguments(
+        str(tmp_path), use_cpu=True, max_steps=3, per_device_train_batch_size=2,
+        gradient_accumulation_steps=2, max_grad_norm=1.0, learning_rate=1e-3,
+        report_to=[], logging_steps=1, disable_tqdm=True, seed=0,
+        **{"save_strategy": "no", **precision, **more})
+    trainer = transformers.Trainer(model=case.model, args=args,
+                                   train_dataset=_data(case.inputs[0]))
+    return amp.enable(trainer, inner="eager") if with_amprewrite else trainer
+
+
+def _losses(trainer) -> list[float]:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.fixture(scope="module")
+def fp32_losses(tmp_path_factory):
+    trainer = _trainer(tmp_path_factory.mktemp("fp32"), {}, with_amprewrite=False)
+    trainer.train()
+    return _losses(trainer)
+
+
+@pytest.mark.parametrize("precision", [{"fp16": True}, {"bf16": True}], ids=["fp16", "bf16"])
+def test_trains_in_the_trainers_dtype_finite_and_near_fp32(tmp_path, precision, fp32_losses):
+    trainer = _trainer(tmp_path, precision, with_amprewrite=True)
+    trainer.train()
+    losses = _losses(trainer)
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    # Relative to fp32's losses, measured here: fp16 1.5e-6 to 2.7e-6, bf16 5e-6 to 3.1e-5.
+    tol = 2e-5 if "fp16" in precision else 2e-4
+    assert all(abs(a - b) <= tol * abs(b) for a, b in zip(losses, fp32_losses)), (
+        losses, fp32_losses)
+    low = "float16" if "fp16" in precision else "bfloat16"
+    graphs = amprewrite.report(trainer.model).graphs
+    assert graphs and all(g.report.dtype == low for g in graphs)
+    assert any(d.precision == "low" for g in graphs for d in g.report.decisions)
+    if "fp16" in precision:
+        assert isinstance(trainer.accelerator.scaler, amprewrite.GradScaler)
+
+
+def test_plain_fp16_trainer_on_a_cpu_trains_in_fp32(tmp_path, fp32_losses):
+    """What ``Trainer(fp16=True)`` alone gives on a CPU: accelerate has no fp16 autocast there
+    and makes no scaler, so it trains in fp32 (the same losses), silently."""
+    trainer = _trainer(tmp_path, {"fp16": True}, with_amprewrite=False)
+    assert trainer.accelerator.scaler is None and not trainer.accelerator.native_amp
+    trainer.train()
+    assert _losses(trainer) == pytest.approx(fp32_losses, rel=1e-6)
+
+
+def test_evaluate_predict_checkpoint_resume_and_from_pretrained(tmp_path):
+    trainer = _trainer(tmp_path / "run", {"fp16": True}, with_amprewrite=True,
+                       save_strategy="steps", save_steps=2)
+    trainer.train()
+    data = _data(overflow.llama().inputs[0], 4)
+    assert math.isfinite(trainer.evaluate(data)["eval_loss"])
+    predicted = trainer.predict(data).predictions
+    logits = predicted[0] if isinstance(predicted, tuple) else predicted
+    assert logits.shape[0] == 4 and torch.isfinite(torch.as_tensor(logits)).all()
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    plain = type(trainer.model).from_pretrained(checkpoint)
+    assert list(plain.state_dict()) == list(overflow.llama().model.state_dict())
+    resumed = _trainer(tmp_path / "run", {"fp16": True}, with_amprewrite=True,
+                       save_strategy="no")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 3
+    trainer.save_model(tmp_path / "final")
+    final = type(trainer.model).from_pretrained(tmp_path / "final")
+    mine = trainer.model.state_dict()
+    assert all(torch.equal(t, mine[k]) for k, t in final.state_dict().items())
+
+
+def test_enable_refuses_what_cannot_work(tmp_path):
+    with pytest.raises(PolicyError, match="fp16=True or bf16=True"):
+        _trainer(tmp_path, {}, with_amprewrite=True)
+    case = overflow.llama()
+    case.model.compile(backend="eager")
+    args = transformers.TrainingArguments(str(tmp_path), use_cpu=True, bf16=True, report_to=[])
+    with pytest.raises(PolicyError, match="compiled already"):
+        amp.enable(transformers.Trainer(model=case.model, args=args))

@@ -65,7 +65,8 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
         ...                          report_to=[], save_strategy="no", disable_tqdm=True)
         >>> trainer = amp.enable(Trainer(model=model, args=args, train_dataset=data),
         ...                      inner="eager")
-        >>> trainer.train().training_loss > 0
+        >>> trainer.train().training_loss > 0  # it prints its metrics  # doctest: +ELLIPSIS
+        {...}
         True
     """
     from transformers.utils import logging as hf_logging  # optional dependency: here only

@@ -31,7 +31,7 @@ from ..graph.modules import get_attr
 from ..graph.runtime import no_enclosing_autocast
 from ..precision.policy import Policy, check_selectors
 from ..precision.ranges import declared_fp32, narrower_than_fp32
-from .block_plans import GraphPlan, across_ranks
+from .block_plans import GraphPlan, across_ranks, spmd_call, this_rank
 
 __all__ = ["amprewrite_backend", "backend"]
 
@@ -140,18 +140,21 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
     concrete = not any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and _fake(v))
                        for v in values)
     compile_inner = _inner_backend(inner)
+    # Values are widened across ranks only on calls every rank makes: a rank-0 evaluation must
+    # not wait at a collective for ranks that are not compiling (spmd_call).
+    reduce = across_ranks if spmd_call(root) else this_rank
 
     def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None,
              fp8_prior: dict | None) -> fx.GraphModule:
         return transform_graph(graph, policy, example_inputs=inputs if concrete else None,
-                               declared=declared, prior=prior, reduce=across_ranks,
+                               declared=declared, prior=prior, reduce=reduce,
                                fp8_prior=fp8_prior)
 
     # Values decide the plan in fp16 (ranges) and with fp8 (each linear's float8 error): there
     # the plan is checked on every block that reuses the graph, and after an overflow.
     watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
     return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch,
-                     fp8=concrete and policy.fp8 is not None)
+                     fp8=concrete and policy.fp8 is not None, reduce=reduce)
 
 
 def _hint(v: object) -> object:

@@ -44,8 +44,8 @@ from ..precision.report import COMPILED_LOOKUPS, CompiledReport, GraphReport, Pl
 
 __all__ = ["CompiledReport", "GraphPlan", "GraphReport", "PlanEvent", "across_ranks",
            "compiled_report", "copy_graph", "count_step", "distributed", "float8_parameters",
-           "fsdp_params",
-           "mark_overflow", "outgrown", "plans_of", "plans_version"]
+           "fsdp_params", "mark_overflow", "outgrown", "plans_of", "plans_version", "spmd_call",
+           "this_rank"]
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
@@ -69,6 +69,23 @@ def distributed() -> bool:
     """Is this process one of several ranks of an initialised ``torch.distributed``?"""
     return (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1)
+
+
+def this_rank(values: dict[str, object],
+              combine: Callable[[object, object], object] = widest) -> dict[str, object]:
+    """:func:`across_ranks` for a call that need not run on every rank: ``values`` as they are."""
+    del combine
+    return values
+
+
+def spmd_call(module: nn.Module | None) -> bool:
+    """Whether this call is one every rank makes (so a collective may widen its values): a
+    training forward, gradients on and the module in train mode, under ``torch.distributed``.
+    An evaluation, sampling or logging forward (``model.eval()`` or ``torch.no_grad()``) may run
+    on some ranks only (rank 0 evaluates while the others wait at a barrier), and a collective
+    there would wait for the process group's whole timeout: it plans from this rank's values."""
+    return (distributed() and torch.is_grad_enabled()
+            and (module is None or bool(module.training)))
 
 
 def across_ranks(values: dict[str, object],
@@ -184,8 +201,11 @@ class GraphPlan:
     def __init__(self, captured: fx.GraphModule, example_inputs: Sequence[object],
                  values: Sequence[object], low: torch.dtype, plan: Callable[..., fx.GraphModule],
                  compile: Callable[[fx.GraphModule, list], Callable], watch: bool,
-                 fp8: bool = False):
+                 fp8: bool = False, reduce: Callable[..., dict] = across_ranks):
         self.fp32 = copy_graph(captured)
+        # across_ranks where every rank makes this graph's calls (SPMD training), else
+        # this_rank (an evaluation on rank 0): see spmd_call.
+        self.reduce = reduce
         self.low, self._plan, self._compile = low, plan, compile
         self.params = [i for i, v in enumerate(example_inputs) if isinstance(v, nn.Parameter)]
         self.param_names = frozenset(
@@ -204,7 +224,8 @@ class GraphPlan:
         self.assigned: dict[tuple[int, ...], _Plan] = {}
         self.seen: set[tuple[int, ...]] = set()
         self.stale: str | None = None
-        self.ranks = torch.distributed.get_world_size() if distributed() else 1
+        self.ranks = (torch.distributed.get_world_size()
+                      if distributed() and reduce is across_ranks else 1)
         gm = plan(captured, tuple(values), None, None)
         self.fp8_errors: dict[str, tuple[float, float]] = dict(gm.meta.get(FP8_ERRORS_KEY, {}))
         first = _Plan(gm, compile(gm, self.example_inputs), dict(gm.meta.get(RANGES_KEY, {})))
@@ -267,8 +288,8 @@ class GraphPlan:
         from ..passes.record_ranges import by_name, record_ranges
 
         with torch.no_grad():
-            seen = across_ranks(by_name(record_ranges(self.fp32, [tuple(args)], self.low),
-                                        self.fp32))
+            seen = self.reduce(by_name(record_ranges(self.fp32, [tuple(args)], self.low),
+                                       self.fp32))
         ranges = dict(self.block_ranges.get(key, {}))
         for name, r in seen.items():
             ranges[name] = widest(ranges.get(name), r)

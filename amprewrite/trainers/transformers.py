@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch
 
 from ..compile.backend import backend
-from ..compile.scaler import GradScaler
 from ..errors import PolicyError
+from .accelerate import plan_instead_of_autocast
 
 __all__ = ["enable"]
 
@@ -94,23 +94,5 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
             f"{type(model).__name__} is compiled already (model.compile()); give the Trainer "
             "the model as it is and let enable() compile it with the amprewrite backend.")
     model.compile(backend=backend(inner=inner, dtype=low, **options))
-    _plan_instead_of_autocast(trainer.accelerator, low)
+    plan_instead_of_autocast(trainer.accelerator, low)
     return trainer
-
-
-def _plan_instead_of_autocast(accelerator: object, low: torch.dtype) -> None:
-    """accelerate's autocast off and, in fp16, amprewrite's scaler in place of torch's."""
-    from accelerate.utils import AutocastKwargs
-
-    accelerator.autocast_handler = AutocastKwargs(enabled=False)
-    if low == torch.float16:
-        old = accelerator.scaler
-        settings = {} if old is None else {
-            "init_scale": old.get_scale() if old.is_enabled() else 2.0 ** 16,
-            "growth_factor": old.get_growth_factor(),
-            "backoff_factor": old.get_backoff_factor(),
-            "growth_interval": old.get_growth_interval()}
-        accelerator.scaler = GradScaler(accelerator.device.type, **settings)
-        # accelerate unscales before clipping only where it runs its own fp16 amp, which it
-        # does not on a CPU: with autocast off, saying it does changes nothing else.
-        accelerator.native_amp = True

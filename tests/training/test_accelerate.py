@@ -1,0 +1,83 @@
+"""accelerate's Accelerator with amprewrite's plan (``amprewrite.trainers.accelerate``): a few
+steps of its usual loop on the overflow LLaMA (CPU, eager inner backend), fp16 and bf16, with
+gradient clipping and a state saved and loaded; no autocast active in the model's forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import amprewrite
+from amprewrite.errors import PolicyError
+from amprewrite.testing import overflow
+
+accelerate = pytest.importorskip("accelerate")
+amp = pytest.importorskip("amprewrite.trainers.accelerate")
+
+
+def _accelerator(**kwargs):
+    """A new Accelerator: accelerate keeps one state per process, reset for each test run."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return accelerate.Accelerator(cpu=True, **kwargs)
+
+
+def _run(mixed: str, with_amprewrite: bool, tmp_path=None, steps: int = 3):
+    case = overflow.llama()
+    model, ids = case.model, case.inputs[0]
+    accelerator = _accelerator(mixed_precision=mixed)
+    if with_amprewrite:
+        amp.enable(accelerator, model, inner="eager")
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = accelerator.prepare(model, opt)
+    losses = []
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    if tmp_path is not None:
+        accelerator.save_state(str(tmp_path))
+    return accelerator, model, losses, seen
+
+
+@pytest.fixture(scope="module")
+def fp32_losses():
+    return _run("no", with_amprewrite=False)[2]
+
+
+@pytest.mark.parametrize("mixed", ["fp16", "bf16"])
+def test_the_loop_trains_finite_near_fp32_without_autocast(mixed, fp32_losses, tmp_path):
+    accelerator, model, losses, seen = _run(mixed, True, tmp_path)
+    assert all(math.isfinite(v) for v in losses)
+    tol = 1e-4 if mixed == "fp16" else 1e-3  # relative to fp32's losses
+    assert all(abs(a - b) <= tol * abs(b) for a, b in zip(losses, fp32_losses)), (
+        losses, fp32_losses)
+    assert seen and not any(seen)  # accelerate's autocast is off inside the forward
+    graphs = amprewrite.report(model).graphs
+    assert graphs and {g.report.dtype for g in graphs} == {
+        "float16" if mixed == "fp16" else "bfloat16"}
+    if mixed == "fp16":
+        assert isinstance(accelerator.scaler, amprewrite.GradScaler)
+        scale = accelerator.scaler.get_scale()
+        accelerator.scaler.update(new_scale=1.0)
+        accelerator.load_state(str(tmp_path))  # the scaler comes back with the state
+        assert accelerator.scaler.get_scale() == scale
+
+
+def test_enable_needs_a_dtype_and_comes_before_prepare():
+    case = overflow.llama()
+    with pytest.raises(PolicyError, match=r"mixed_precision='fp16' or 'bf16'"):
+        amp.enable(_accelerator(), case.model)
+    accelerator = _accelerator(mixed_precision="bf16")
+    prepared = accelerator.prepare(case.model)
+    with pytest.raises(PolicyError, match=r"before accelerator\.prepare"):
+        amp.enable(accelerator, prepared)

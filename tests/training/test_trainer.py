@@ -31,11 +31,12 @@ def _data(ids: torch.Tensor, n: int = 8) -> list[dict]:
 
 def _trainer(tmp_path, precision: dict, with_amprewrite: bool, **more):
     case = overflow.llama()
+    settings = {"max_steps": 3, "gradient_accumulation_steps": 2, "save_strategy": "no",
+                **precision, **more}
     args = transformers.TrainingArguments(
-        str(tmp_path), use_cpu=True, max_steps=3, per_device_train_batch_size=2,
-        gradient_accumulation_steps=2, max_grad_norm=1.0, learning_rate=1e-3,
-        report_to=[], logging_steps=1, disable_tqdm=True, seed=0,
-        **{"save_strategy": "no", **precision, **more})
+        str(tmp_path), use_cpu=True, per_device_train_batch_size=2, max_grad_norm=1.0,
+        learning_rate=1e-3, report_to=[], logging_steps=1, disable_tqdm=True, seed=0,
+        **settings)
     trainer = transformers.Trainer(model=case.model, args=args,
                                    train_dataset=_data(case.inputs[0]))
     return amp.enable(trainer, inner="eager") if with_amprewrite else trainer
@@ -110,3 +111,28 @@ def test_enable_refuses_what_cannot_work(tmp_path):
     args = transformers.TrainingArguments(str(tmp_path), use_cpu=True, bf16=True, report_to=[])
     with pytest.raises(PolicyError, match="compiled already"):
         amp.enable(transformers.Trainer(model=case.model, args=args))
+
+
+class _GrowAfterStep2(transformers.TrainerCallback):
+    """Multiplies layer 0's v_proj by 1e6 after step 2: its values then pass the fp16 plan's
+    ranges (weights that grow mid-training)."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 2:
+            with torch.no_grad():
+                model.model.layers[0].self_attn.v_proj.weight.mul_(1e6)
+
+
+def test_an_overflow_mid_training_costs_one_step_and_is_planned_again(tmp_path):
+    """fp16: the step whose forward outgrew the plan is skipped once (amprewrite.GradScaler
+    found inf), the plan is made again from the grown ranges, and the next steps are finite."""
+    trainer = _trainer(tmp_path, {"fp16": True}, with_amprewrite=True, max_steps=4,
+                       gradient_accumulation_steps=1)
+    trainer.add_callback(_GrowAfterStep2())
+    trainer.train()
+    assert trainer.accelerator.scaler.overflows == 1
+    losses = _losses(trainer)
+    assert all(math.isfinite(v) and v > 1 for v in losses[3:]), losses
+    replans = [e for e in amprewrite.report(trainer.model).replans
+               if "GradScaler found inf" in e.reason]
+    assert replans, amprewrite.report(trainer.model)

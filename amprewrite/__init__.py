@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .compile.sharding import fully_shard
     from .errors import (
         AmpRewriteError,
+        AutocastIgnoredWarning,
         CaptureError,
         ModelError,
         ModeSwitchError,
@@ -47,7 +48,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
 _EXPORTS = {
     "transform": "api",
     "amprewrite_backend": "compile.backend", "backend": "compile.backend",
-    **dict.fromkeys(("AmpRewriteError", "CaptureError", "ModelError", "ModeSwitchError",
+    **dict.fromkeys(("AmpRewriteError", "AutocastIgnoredWarning", "CaptureError", "ModelError",
+                     "ModeSwitchError",
                      "NotVerifiedWarning", "PassError", "PolicyError", "ShapeError",
                      "SignatureError", "VerificationError"), "errors"),
     "Float8": "precision.float8",
@@ -66,6 +68,7 @@ _EXPORTS = {
 __all__ = [
     "FAMILIES",
     "AmpRewriteError",
+    "AutocastIgnoredWarning",
     "CaptureError",
     "CheckResult",
     "CompiledReport",

@@ -512,6 +512,11 @@ def _recapture(gm: fx.GraphModule) -> Capture:
         if M.CAST in node.meta:
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
+    # The autocast guard too (guard_autocast puts it back, first and last).
+    guards = (runtime.autocast_on_again, runtime.autocast_off)
+    for target in guards:
+        for node in list(graph.find_nodes(op="call_function", target=target)):
+            graph.erase_node(node)
     graph = _with_fresh_names(graph)
     for node in graph.nodes:
         M.reset(node)

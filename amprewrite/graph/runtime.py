@@ -429,8 +429,9 @@ def autocast_off() -> list | None:
     (transformers' Trainer, accelerate and Lightning put one around every forward), whose
     casts would undo the plan's (a matmul kept fp32 recast to fp16 is inf). Returns what
     :func:`autocast_on_again`, the graph's last call, turns back on: None when none was on, the
-    common case, which costs two flag reads. Autocast's state in backward is the forward's, so
-    backward follows the plan too. The first time a graph meets one it says so, in its report
+    common case, which costs two flag reads. Backward follows the forward's dtypes when it is
+    called outside the autocast block (torch's AMP recipe; the trainers do); a ``backward()``
+    called inside one runs under it. The first time a graph meets one it says so, in its report
     (``amprewrite.report(gm).notes``) and once as a warning.
 
     Under ``torch.compile`` and ``torch.export`` the flags are read while tracing: a graph

@@ -35,11 +35,12 @@ def test_every_pass_declares_itself_and_the_order_holds():
     check_order(pipeline(Policy()))  # raises if a pass reads what no earlier pass writes
     assert rewrite_passes() == {"transform_bodies", "vectorize_loops", "replace_upsample",
                                 "rescale_matmuls", "insert_casts", "store_params",
-                                "float8_linears", "recompute_islands"}
+                                "float8_linears", "recompute_islands", "guard_autocast"}
     # Every stage is a named step of the one list: region bodies after the ranges are recorded
     # (the bodies' values are recorded in fp32) and before painting, the cast plan before the
     # casts that realise it.
     assert names[0] == "normalize_modules" and names[-1] == "verify"
+    assert names[-2] == "guard_autocast"  # after every rewrite: its calls stay first and last
     assert (names.index("record_ranges") < names.index("transform_bodies")
             < names.index("paint_precision"))
     assert names.index("plan_casts") + 1 == names.index("insert_casts")

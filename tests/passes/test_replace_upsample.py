@@ -30,7 +30,8 @@ _UPSAMPLES = {F.interpolate, F.upsample, F.upsample_nearest, F.upsample_bilinear
 
 # Not upsample helpers: the layout query reads strides and computes no value; the guarded cast
 # is how a symbolic trace casts an input whose dtype it does not know.
-_NOT_UPSAMPLE = (runtime.memory_format_of, runtime.cast_if_float)
+_NOT_UPSAMPLE = (runtime.memory_format_of, runtime.cast_if_float, runtime.autocast_off,
+                 runtime.autocast_on_again)
 
 
 def upsample_calls(gm) -> list:

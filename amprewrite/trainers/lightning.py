@@ -1,0 +1,101 @@
+"""A Lightning precision plugin that trains with amprewrite's plan instead of ``torch.autocast``.
+
+``Trainer(precision="16-mixed"/"bf16-mixed")`` runs every step inside ``torch.autocast`` and, in
+fp16, with ``torch.amp.GradScaler``. Autocast recasts the matmuls that amprewrite's plan kept in
+fp32 (a model whose values pass 65504 gives inf), and torch's scaler skips every step of a
+forward that outgrew its plan. ``AmpRewritePrecision`` is the plugin to pass instead: it compiles
+the LightningModule's networks with the amprewrite backend, runs the steps without autocast,
+and in fp16 scales the loss with :class:`amprewrite.GradScaler`, whose ``update`` re-plans after
+an overflow. Lightning's own fp16 recipe (unscale before clipping, skip a non-finite step, the
+scaler's state in the checkpoint) is kept: the plugin is Lightning's ``MixedPrecision`` with the
+autocast taken out and the scaler replaced.
+
+    >>> import lightning, amprewrite.trainers.lightning as al  # doctest: +SKIP
+    >>> trainer = lightning.Trainer(plugins=[al.AmpRewritePrecision("bf16")])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Generator, Iterable, Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.precision import MixedPrecision
+
+from ..compile.backend import backend
+from ..compile.scaler import GradScaler
+
+__all__ = ["AmpRewritePrecision"]
+
+_LIGHTNING = {"bf16": "bf16-mixed", "fp16": "16-mixed"}
+_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "bf16-mixed": "bf16", torch.bfloat16: "bf16",
+            "fp16": "fp16", "float16": "fp16", "16-mixed": "fp16", torch.float16: "fp16"}
+
+
+class AmpRewritePrecision(MixedPrecision):
+    """Train a LightningModule with amprewrite in bf16 or fp16: ``Trainer(plugins=[...])``.
+
+    Args:
+        dtype: ``"bf16"`` or ``"fp16"`` (also ``torch.bfloat16``/``torch.float16``, or
+            Lightning's ``"bf16-mixed"``/``"16-mixed"``).
+        device: where the scaler runs (fp16): ``"cuda"`` or ``"cpu"``; by default ``"cuda"``
+            where CUDA is available (torch's scaler for an absent device turns itself off).
+        options: more options for :func:`amprewrite.backend` (``inner="eager"``,
+            ``keep_fp32=[...]``, ``overflow=...``); ``dtype`` comes from the argument above.
+        modules: which submodules of the LightningModule to compile, given the LightningModule;
+            by default each of its direct children that holds parameters (the networks; the
+            ``training_step`` around them is user code: logging, losses, Python).
+        scaler: an :class:`amprewrite.GradScaler` to use in fp16 (one is made otherwise).
+
+    Each module is compiled in place with ``nn.Module.compile`` (as Lightning plugins convert
+    modules in place), so parameter names and checkpoint keys stay those of the model. The plugin
+    subclasses Lightning's ``MixedPrecision`` so that ``isinstance`` checks and the fp16 hooks
+    (``pre_backward`` scales, ``optimizer_step`` unscales before ``gradient_clip_val`` and skips
+    a non-finite step, ``state_dict`` saves the scaler) are Lightning's own.
+
+    >>> type(AmpRewritePrecision("fp16", device="cpu").scaler).__module__
+    'amprewrite.compile.scaler'
+    """
+
+    def __init__(self, dtype: str | torch.dtype = "bf16", device: str | None = None,
+                 options: Mapping[str, Any] | None = None,
+                 modules: Callable[[torch.nn.Module], Iterable[torch.nn.Module]] | None = None,
+                 scaler: GradScaler | None = None) -> None:
+        name = _ALIASES.get(dtype)
+        if name is None:
+            raise ValueError(
+                f"AmpRewritePrecision(dtype={dtype!r}): the dtype must be 'bf16' or 'fp16' "
+                f"(or torch.bfloat16/torch.float16). For fp32 training pass no plugin.")
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError(
+                f"AmpRewritePrecision(scaler=...) takes an amprewrite.GradScaler, got "
+                f"{type(scaler).__name__}: torch's scaler skips every step once a forward "
+                f"outgrows its plan, amprewrite's re-plans. Make it with "
+                f"amprewrite.GradScaler(device).")
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if name == "fp16" and scaler is None:
+            scaler = GradScaler(device)
+        super().__init__(_LIGHTNING[name], device, scaler)
+        self.dtype = name
+        self.options = dict(options or {})
+        self.options.pop("dtype", None)
+        self.modules = modules or _networks
+
+    def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Compile the networks of ``module`` with the amprewrite backend (in place)."""
+        compile_with = backend(dtype=self.dtype, **self.options)
+        for network in self.modules(module):
+            network.compile(backend=compile_with)
+        return module
+
+    @contextlib.contextmanager
+    def forward_context(self) -> Generator[None, None, None]:
+        """No autocast: the precision is in amprewrite's graphs, and autocast would recast it."""
+        yield
+
+
+def _networks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The direct children of ``module`` that hold parameters."""
+    return [child for child in module.children()
+            if next(child.parameters(), None) is not None]

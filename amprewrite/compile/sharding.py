@@ -160,13 +160,15 @@ def _float8_candidate(m: nn.Module, n: str, p: torch.Tensor) -> str | None:
 def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                   keep_fp32: Iterable[Selector] = (),
                   ignored_params: set[nn.Parameter] | None = None,
-                  fp8: object = None) -> ShardingPlan:
+                  fp8: object = None, compiled: bool | None = None) -> ShardingPlan:
     """What :func:`fully_shard` would do with ``module``'s parameters (the ones not sharded by
-    an earlier call on a submodule), without sharding anything. See the module docstring."""
+    an earlier call on a submodule), without sharding anything. See the module docstring.
+    ``compiled``: whether ``module`` runs in an amprewrite graph (None: what ``module`` says,
+    a ``torch.compile`` wrapper or ``module.compile``; see :func:`fully_shard`)."""
     policy = Policy(dtype=dtype, keep_fp32=tuple(keep_fp32), fp8=fp8)
     low, ignored = policy.dtype, ignored_params or set()
     float8 = policy.fp8 is not None and policy.fp8.recipe == "tensorwise"
-    compiled = _is_compiled(module)
+    compiled = _is_compiled(module) if compiled is None else compiled
     declared = _declared(module, low)
     plan = ShardingPlan(dtype=low, compiled=compiled)
     pinned: list[str] = []
@@ -437,7 +439,7 @@ _LOW_DTYPES = (torch.bfloat16, torch.float16)
 
 def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str | None = None,
                 keep_fp32: Iterable[Selector] = (), fp8: object = None,
-                **kwargs: Any) -> nn.Module | list[nn.Module]:
+                compiled: bool | None = None, **kwargs: Any) -> nn.Module | list[nn.Module]:
     """``torch.distributed.fsdp.fully_shard`` that gathers in ``dtype`` the parameters the
     precision plan reads low, and reduces gradients in fp32 into fp32 shards.
 
@@ -457,7 +459,12 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
 
     Call it where torchtitan calls ``fully_shard``: per block after
     ``torch.compile(block, backend="amprewrite")`` (or ``block.compile(...)``), then on the
-    root. :func:`sharding_plan` says what it does with each parameter.
+    root. :func:`sharding_plan` says what it does with each parameter. A block compiled as
+    torch's FSDP2 tutorial does, ``layers[i] = torch.compile(block, backend="amprewrite")``
+    and then ``fully_shard(block)`` on the block itself, does not know its wrapper: pass
+    ``compiled=True`` (the block runs in an amprewrite graph; what shards the wrapper does).
+    A module sharded as eager code (each Linear its own group, kept gathered until backward)
+    that then runs in a compiled graph warns at its first compiled forward.
 
     In a process group (``torchrun``; tests/training/test_sharding.py runs it on gloo)::
 
@@ -479,8 +486,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     from torch.distributed.fsdp import fully_shard as torch_fully_shard
 
     if isinstance(module, (list, tuple)):
-        return [fully_shard(m, dtype=dtype, keep_fp32=keep_fp32, fp8=fp8, **kwargs)
-                for m in module]
+        return [fully_shard(m, dtype=dtype, keep_fp32=keep_fp32, fp8=fp8, compiled=compiled,
+                            **kwargs) for m in module]
     given = kwargs.pop("mp_policy", None)
     reduce_dtype = torch.float32
     if given is not None:
@@ -491,7 +498,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
         reduce_dtype = given.reduce_dtype or torch.float32
     if dtype is None:
         dtype = torch.bfloat16
-    plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8)
+    plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8, compiled)
     for note in plan.notes:
         warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
     states = _wrap_float8(module, plan, kwargs.get("mesh")) if plan.float8() else []
@@ -512,6 +519,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     # leaf too: FSDP's hooks make its casts.
     sharded = torch_fully_shard(module, mp_policy=_policy(low, plan.leaf and low is not None,
                                                           reduce_dtype), **kwargs)
+    if leaves and not plan.compiled:
+        module.register_forward_pre_hook(_warn_if_compiled(type(module).__name__))
     if states:
         by_state = {}
         from .block_plans import fsdp_params
@@ -524,6 +533,32 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
             state.fsdp_param = by_state[id(state)]
         sharded.set_custom_all_gather(_byte_gather())  # gloo has no float8 dtype
     return sharded
+
+
+def _warn_if_compiled(name: str) -> Any:
+    """A forward pre-hook for a module sharded as eager code: its Linears are groups of their
+    own, not resharded after forward, which is right for eager code (the root's embedding and
+    head) and wrong in a compiled block (all its weights held gathered until backward, and
+    backward gathers nothing: torchtitan's per-block groups reshard and gather again)."""
+    warned = False
+
+    def hook(module: nn.Module, args: Any) -> None:
+        nonlocal warned
+        # Dynamo traces this hook when the module runs inside torch.compile (a wrapper made
+        # before fully_shard and kept elsewhere, or module.compile after it); eagerly it is off.
+        if torch.compiler.is_compiling() and not warned:
+            warned = True
+            warnings.warn(
+                f"amprewrite.fully_shard sharded this {name} as eager code (each Linear and "
+                "Embedding its own group, kept gathered from forward to backward), but it "
+                "runs inside torch.compile: every block's low-precision weights stay gathered "
+                "until backward, the memory FSDP saves. Shard it as compiled: call "
+                "amprewrite.fully_shard on the wrapper torch.compile returns, or after "
+                "module.compile(backend=\"amprewrite\"), or pass compiled=True where the "
+                "wrapper is kept elsewhere (layers[i] = torch.compile(block, ...); "
+                "amprewrite.fully_shard(block, compiled=True)).", stacklevel=2)
+
+    return hook
 
 
 @dataclass

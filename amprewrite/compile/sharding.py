@@ -499,6 +499,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     if dtype is None:
         dtype = torch.bfloat16
     plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8, compiled)
+    kind = type(module).__name__  # before FSDP2 renames the class (FSDPLlamaDecoderLayer)
     for note in plan.notes:
         warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
     states = _wrap_float8(module, plan, kwargs.get("mesh")) if plan.float8() else []
@@ -520,7 +521,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     sharded = torch_fully_shard(module, mp_policy=_policy(low, plan.leaf and low is not None,
                                                           reduce_dtype), **kwargs)
     if leaves and not plan.compiled:
-        module.register_forward_pre_hook(_warn_if_compiled(type(module).__name__))
+        module.register_forward_pre_hook(_warn_if_compiled(kind))
     if states:
         by_state = {}
         from .block_plans import fsdp_params

@@ -130,4 +130,20 @@ def test_a_block_sharded_as_eager_code_that_runs_compiled_warns(ranks, order):
     for r in ranks:
         assert r[order]["gathered"]  # what the warning is about: weights held to backward
         (message,) = set(r[order]["warnings"])
+        assert "LlamaDecoderLayer" in message  # the class as the user wrote it, not FSDP's
         assert "compiled=True" in message and "module.compile" in message
+
+
+def test_compiled_true_plans_what_the_wrapper_plans():
+    """No process group needed: the plan of a block said compiled is its wrapper's."""
+    from amprewrite.sharding import sharding_plan
+
+    block = _model().model.layers[0]
+    wrapper = torch.compile(block, backend="amprewrite")
+    said, wrapped = (sharding_plan(m, "bf16", compiled=c) for m, c in ((block, True),
+                                                                       (wrapper, None)))
+    assert said.groups() == wrapped.groups() == {"": torch.bfloat16}
+    assert {k: (p.dtype, p.group) for k, p in said.params.items()} == \
+        {k: (p.dtype, p.group) for k, p in wrapped.params.items()}
+    # left to itself the block plans eager groups: each Linear its own
+    assert set(sharding_plan(block, "bf16").groups()) > {"", "self_attn.q_proj"}

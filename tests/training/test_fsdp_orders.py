@@ -68,14 +68,14 @@ def _gathered_after_forward(block) -> list[str]:
     """The block's parameters (its own group's and any group under it) still gathered."""
     from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
-    from amprewrite.plans import fsdp_params
+    from amprewrite.compile.block_plans import fsdp_params
 
     return [str(p._param_fqn) for sub in block.modules() for p in fsdp_params(sub)
             if p.sharded_state != ShardedState.SHARDED]
 
 
 def _step(rank: int, world: int) -> dict:
-    from amprewrite.sharding import count_comm
+    from amprewrite.compile.sharding import count_comm
 
     out = {}
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
@@ -136,7 +136,7 @@ def test_a_block_sharded_as_eager_code_that_runs_compiled_warns(ranks, order):
 
 def test_compiled_true_plans_what_the_wrapper_plans():
     """No process group needed: the plan of a block said compiled is its wrapper's."""
-    from amprewrite.sharding import sharding_plan
+    from amprewrite.compile.sharding import sharding_plan
 
     block = _model().model.layers[0]
     wrapper = torch.compile(block, backend="amprewrite")

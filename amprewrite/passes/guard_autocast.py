@@ -47,8 +47,7 @@ class GuardAutocast(Pass):
             entered = new_node(graph, "call_function", runtime.autocast_off, (), {})
         with graph.inserting_before(out):
             again = new_node(graph, "call_function", runtime.autocast_on_again, (entered,), {})
-        for node in (entered, again):
-            node.meta[M.FAMILY] = "autocast_guard"
+        for node in (entered, again):  # listed in the report as non-float calls, with why
             node.meta[M.CLASS] = Precision.NONFLOAT
             node.meta[M.REASON] = _REASON
         return True

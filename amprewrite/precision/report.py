@@ -348,16 +348,13 @@ def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
 
     A region whose body was transformed as a graph of its own (an activation checkpoint's) is
     listed as its call followed by its body's decisions, each node named ``<body>.<node>``; the
-    body's ``get_attr`` is not a parameter and is left out, and so are the two calls that turn
-    an enclosing autocast off (:mod:`amprewrite.passes.guard_autocast`)."""
+    body's ``get_attr`` is not a parameter and is left out."""
     out = []
     regions = {n: body for n in gm.graph.nodes if (body := _region_body(gm, n)) is not None}
     bodies = {name for name, _ in regions.values()}
     for node in _nodes_with_bodies(gm):
         if node.op == "get_attr" and str(node.target) in bodies:
             continue
-        if node.meta.get(M.FAMILY) == "autocast_guard":
-            continue  # the graph's own bookkeeping (guard_autocast), not a precision decision
         if node in regions:
             name, report = regions[node]
             out.append(_decision(node, policy))

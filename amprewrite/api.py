@@ -271,6 +271,13 @@ def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Polic
     found = False
     for round_ in range(_ADVICE_ROUNDS + 1):
         sel = selector_for(first) if first is not None else None
+        if sel is not None and sel in policy.allow_low:
+            # The user asked for it low: advice to keep it fp32 would contradict them.
+            advice = (f" It is in {sel!r}, which you passed in allow_low: run low, its values "
+                      f"depart from fp32 as shown. Drop {sel!r} from allow_low to have it "
+                      "computed in fp32, or pass verify=False to accept this error.")
+            return VerificationError(exc.finding, advice, result=exc.result, first=exc.first,
+                                     keep_fp32=None)
         if sel is None or sel in keep:
             break
         keep.append(sel)

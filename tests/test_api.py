@@ -393,3 +393,26 @@ def test_a_non_persistent_buffer_stays_out_of_the_state_dict(capture):
     assert gm.state_dict().keys() == model.state_dict().keys() == {"fc.weight", "fc.bias"}
     gm.load_state_dict(model.state_dict())
     model.load_state_dict(gm.state_dict())
+
+
+def test_advice_never_contradicts_allow_low(tmp_path):
+    """A module the user allowed low that overflows fp16 gets the check's own error, saying
+    that their allow_low is what departs, not a PolicyError about keep_fp32 the advice search
+    made up; export with check=False (--no-check) writes what was asked for."""
+    import sys
+    from pathlib import Path
+
+    from amprewrite.deploy.export import export
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    try:
+        from cli_models import overflow
+    finally:
+        sys.path.pop(0)
+    model, inputs = overflow()
+    with pytest.raises(amprewrite.VerificationError, match="you passed in allow_low") as err:
+        amprewrite.transform(model, "fp16", example_inputs=inputs, allow_low=["fc"])
+    assert err.value.keep_fp32 is None and "Drop 'fc' from allow_low" in str(err.value)
+    result = export(model, inputs, path=tmp_path / "overflow.pt2", dtype="fp16", check=False,
+                    allow_low=["fc"])
+    assert (tmp_path / "overflow.pt2").exists() and result.skipped

@@ -227,7 +227,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
             dynamic. Checked, like the batch, at the example's length and another.
         check: load the file back, run it at the example batch and at another batch size (and
             with ``dynamic_seq`` at another sequence length), and compare (see
-            :class:`DeployResult`); ``False`` only writes it.
+            :class:`DeployResult`); ``False`` only writes it, and skips the transform's own
+            check against fp32 too (``verify=`` in ``options`` says otherwise).
         other_batches: how many batch sizes besides the example's the check runs, where the
             artefact's batch range has that many.
         options: more keywords for :func:`amprewrite.transform` (``keep_fp32``,
@@ -285,8 +286,10 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     # Dim.AUTO spec for dimensions 0 and 1, built on the model's arguments.
     shapes = (None if not dims else BATCH if dims == (0,)
               else capture_spec(model, args, kwargs, BATCH, dims)[0])
+    # check=False (--no-check) is the export the user asked for, unchecked: the transform's
+    # own check too, unless verify= says otherwise.
     gm = transform(model, dtype, example_inputs=example_inputs, dynamic_shapes=shapes,
-                   **options)
+                   **{"verify": check, **options})
     timings["transform"] = time.perf_counter() - start
     spec = capture_spec(gm, args, kwargs, BATCH, dims)[0] if dims else None
     status("exporting with torch.export", log=True)

@@ -25,6 +25,7 @@ _KEYWORD_TO_FLAG = [
     (r"\bupsample='(\w+)'", r"--upsample \1"),
     (r"\brtol=", "--rtol "),
     (r"\bcheck=False\b", "--no-check"),
+    (r"\bverify=False\b", "--no-check"),  # only export runs the transform's check
     (r"\bdynamic_batch=False\b", "--static"),
     (r"\bdynamic_seq=True\b", "--dynamic-seq"),
     (r"\bto='(\w+)'", r"--to \1"),

@@ -426,3 +426,15 @@ def test_compiled_prints_what_the_backend_planned_for_each_block(tmp_path, capsy
     code, _, err = run_cli(capsys, "compiled", f"{path}:blocks", "--per-block", "layers")
     assert code == 2 and "--per-block layers: the model has no ModuleList" in err
     torch._dynamo.reset()
+
+
+def test_check_lists_only_nodes_that_compute_and_differ(capsys):
+    """The per-node table is not padded with inputs and parameters (the fp32 graph's own,
+    error 0): the MLP's 4 computing nodes that differ, and it says there are only 4."""
+    code, out, _ = run_cli(capsys, "check", f"{MODELS}:mlp", "--inputs", "4x16")
+    assert code == 0
+    head = next(line for line in out.splitlines() if "relative error vs the fp32 graph" in line)
+    assert head.startswith("the 4 nodes that differ")
+    rows = out.split(head, 1)[1].splitlines()[1:5]
+    assert all(row.split()[2] in ("low", "fp32", "promote", "neutral", "cast") for row in rows)
+    assert all(float(row.split()[1]) > 0 for row in rows)

@@ -86,12 +86,16 @@ def _print_check(result, rtol: float, top: int) -> bool:
         n = result.first_nonfinite
         print(f"first non-finite node: {n.node} ({n.precision}, family {n.family or '-'}, "
               f"module {n.module_path or '-'}, source {n.source or '-'})")
-    rows = [r for r in result.nodes
-            if r.rel_err is not None and r.precision not in ("placeholder", "get_attr")][:top]
+    # Nodes that compute and differ: inputs and parameters are the fp32 graph's own (error 0).
+    differ = [r for r in result.nodes if r.rel_err is not None and r.rel_err != 0
+              and r.precision not in ("input", "param", "output", "placeholder", "get_attr")]
+    rows = differ[:top]
     if rows:
         from ..precision.report import text_table
 
-        print(f"worst {len(rows)} nodes (relative error vs the fp32 graph, same node name):")
+        head = (f"worst {len(rows)} nodes" if len(differ) > len(rows)
+                else f"the {plural(len(rows), 'node')} that differ")
+        print(f"{head} (relative error vs the fp32 graph, same node name):")
         table = text_table([[r.node, f"{r.rel_err:.3e}", r.precision, r.family or "-",
                              r.module_path or "-"] for r in rows])
         print("\n".join("  " + line for line in table.splitlines()))

@@ -157,9 +157,20 @@ def _model_names(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[str] | N
     if not isinstance(model, nn.Module):
         return None
     try:
-        return list(inspect.signature(model.forward).bind(*args, **kwargs).arguments)
+        signature = inspect.signature(model.forward)
+        bound = signature.bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
         return None
+    names = []
+    for name, value in bound.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:  # forward(..., **kwargs): the keywords given
+            names += list(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            return None  # positional inputs forward does not name
+        else:
+            names.append(name)
+    return names
 
 
 def positional_leaves(spec: pytree.TreeSpec) -> int:

@@ -282,3 +282,24 @@ def test_an_extra_positional_or_a_missing_input_is_a_signature_error_too():
     with pytest.raises(amprewrite.SignatureError,
                        match=r"as a tuple of every positional input: example_inputs=\(x, \.\.\.\)"):
         low(x, mask)
+
+
+def test_a_keyword_that_goes_into_kwargs_is_suggested_by_its_own_name():
+    """forward(x, **kwargs) called with double=True: the advice names 'double' (what a
+    transformers model's output_attentions=True is), not forward's 'kwargs'."""
+    import amprewrite
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x, **kwargs):
+            return self.fc(x) * (2.0 if kwargs.get("double") else 1.0)
+
+    x = torch.randn(2, 4)
+    gm = amprewrite.transform(Model(), "bf16", example_inputs=(x,))
+    with pytest.raises(amprewrite.SignatureError) as err:
+        gm(x, double=True)
+    assert "example_inputs={'x': x, 'double': double}" in str(err.value)
+    assert "'kwargs'" not in str(err.value)

@@ -15,6 +15,7 @@ and T5), and the residual stream the rows start stays fp32. People who ask for
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 
 import torch
@@ -24,7 +25,7 @@ from ..graph import meta as M
 from ..graph.meta import HIGH, LOW
 from ..graph.modules import set_attr
 from ..precision.ops import Precision
-from ..precision.report import record
+from ..precision.report import REPORT_KEY, record
 from .base import Kind, Pass
 from .insert_casts import add_cast
 
@@ -43,6 +44,7 @@ class StoreParams(Pass):
         for node in M.each_node(gm.graph, "get_attr"):
             by_target[str(node.target)].append(node)
         changed = False
+        trained: list[str] = []
         for target, nodes in by_target.items():
             value = gm.get_parameter(target) if _is_param(gm, target) else None
             if value is None or value.dtype != torch.float32:
@@ -55,6 +57,7 @@ class StoreParams(Pass):
             low = nn.Parameter(value.detach().to(self.policy.dtype),
                                requires_grad=value.requires_grad)
             set_attr(gm, target, low)
+            trained += [target] if gm.training and low.requires_grad else []
             for node in nodes:
                 node.meta[M.ORIG] = M.info_from_value(value)
                 node.meta[M.LABEL] = LOW
@@ -68,6 +71,8 @@ class StoreParams(Pass):
             for lookup in lookups:
                 self._rows_up(gm, lookup)
             changed = True
+        if trained:
+            _say_low_copies_train(gm, trained, self.policy.dtype)
         return changed
 
     def _rows_up(self, gm: fx.GraphModule, lookup: fx.Node) -> None:
@@ -97,3 +102,19 @@ def _is_param(gm: nn.Module, target: str) -> bool:
         return True
     except AttributeError:
         return False
+
+
+def _say_low_copies_train(gm: fx.GraphModule, targets: list[str], low: torch.dtype) -> None:
+    """params='low' in train mode: backward reaches the graph's low copies, not the model's
+    weights. Said at the call (a warning) and in the report: an optimizer over
+    ``model.parameters()`` would train nothing, silently."""
+    text = (f"params='low' in train mode: {len(targets)} weights ({', '.join(targets[:3])}"
+            f"{', ...' if len(targets) > 3 else ''}) are {low} copies in the graph, so backward "
+            "gives gradients to those copies (gm.parameters()) and none to the model's own "
+            "parameters: an optimizer over model.parameters() would train nothing. To train "
+            "the model's weights use params='fp32' (the default: the graph shares them); to "
+            "train the low copies, optimize gm.parameters()")
+    report = gm.meta.get(REPORT_KEY)
+    if report is not None:
+        report.notes.append(text)
+    warnings.warn(f"amprewrite.transform: {text}.", stacklevel=2)

@@ -174,3 +174,22 @@ def test_low_copies_are_parameters_that_keep_requires_grad():
         assert stored.requires_grad == param.requires_grad, name
     assert [name for name, t in gm.named_parameters() if t.dtype == torch.float16] == [
         "0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_low_copies_in_train_mode_say_who_gets_the_gradients():
+    """params='low' on a model in train mode: backward reaches the graph's low copies, and the
+    model's own parameters get no .grad; the call says so (a warning and a report note), and
+    in eval mode it says nothing."""
+    import warnings
+
+    import amprewrite
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with pytest.warns(UserWarning, match=r"params='low' in train mode: 4 weights"):
+        gm = amprewrite.transform(model.train(), "bf16", params="low", verify=False)
+    gm(torch.randn(4, 8)).sum().backward()
+    assert all(p.grad is None for p in model.parameters())  # what the warning says
+    assert any("optimize gm.parameters()" in n for n in amprewrite.report(gm).notes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        amprewrite.transform(model.eval(), "bf16", params="low", verify=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import threading
 import time
@@ -15,7 +14,7 @@ from torch import fx, nn
 
 from .capture.exported import is_exported_program, transform_program
 from .capture.trace import CAPTURE_TOOL, capture_model, eager_failure
-from .capture.verify import selector_for
+from .capture.verify import AdviceSearch
 from .errors import PassError, PolicyError, VerificationError
 from .graph import meta as M
 from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
@@ -213,14 +212,25 @@ def transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Poli
     ``advise``: when verification fails, transform again to find ``keep_fp32`` advice that
     passes (the error's ``keep_fp32``)."""
     with older_objects_not_collected(), no_enclosing_autocast():
-        return _transform_with(model, policy, example_inputs, on_pass, advise)
+        if is_exported_program(model):
+            return transform_program(model, policy, example_inputs, transform_with, on_pass)
+        search = AdviceSearch(policy, advise)
+        while True:
+            try:
+                gm = _transform_module(model, search.policy, example_inputs,
+                                       None if search.searching else on_pass)
+            except VerificationError as exc:
+                if (error := search.failed(exc)) is not None:
+                    raise error from None
+                continue
+            if (error := search.passed()) is not None:
+                raise error from None
+            return gm
 
 
-def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Policy,
-                    example_inputs: object, on_pass, advise: bool
-                    ) -> fx.GraphModule | torch.export.ExportedProgram:
-    if is_exported_program(model):
-        return transform_program(model, policy, example_inputs, transform_with, on_pass)
+def _transform_module(model: nn.Module, policy: Policy, example_inputs: object, on_pass
+                      ) -> fx.GraphModule:
+    """Capture, the passes, the report: one transform of an ``nn.Module``."""
     start = time.perf_counter()
     captured, policy = capture_model(model, example_inputs, policy)
     rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
@@ -235,10 +245,6 @@ def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Pol
     with sources_die_with_code():  # the passes' recompiles of a plain fx.GraphModule too
         try:
             gm = run_pipeline(gm, passes, rep.timings, on_pass)
-        except VerificationError as exc:
-            if not advise or exc.result is None:
-                raise
-            raise _with_working_advice(exc, model, policy, example_inputs) from None
         except PassError:
             # The first real run of the graph is in the passes: values a capture on fake
             # tensors never checks (a token id past the vocabulary) fail there.
@@ -255,53 +261,6 @@ def _transform_with(model: nn.Module | torch.export.ExportedProgram, policy: Pol
                           transform_with)
     rep.timings["total"] = time.perf_counter() - start
     return gm
-
-
-# How many selectors the advice of a VerificationError may add before it gives up.
-_ADVICE_ROUNDS = 8
-
-
-def _with_working_advice(exc: VerificationError, model: nn.Module, policy: Policy,
-                         example_inputs: object) -> VerificationError:
-    """``exc`` with advice that works as printed: ``keep_fp32`` selectors, added one culprit
-    at a time (its module's path, else its captured node's name; never a cast), until a new
-    transform with them passes the same check. The caller's selectors are kept."""
-    keep, added = list(policy.keep_fp32), []
-    first = exc.first
-    found = False
-    for round_ in range(_ADVICE_ROUNDS + 1):
-        sel = selector_for(first) if first is not None else None
-        if sel is not None and sel in policy.allow_low:
-            # The user asked for it low: advice to keep it fp32 would contradict them.
-            advice = (f" It is in {sel!r}, which you passed in allow_low: run low, its values "
-                      f"depart from fp32 as shown. Drop {sel!r} from allow_low to have it "
-                      "computed in fp32, or pass verify=False to accept this error.")
-            return VerificationError(exc.finding, advice, result=exc.result, first=exc.first,
-                                     keep_fp32=None)
-        if sel is None or sel in keep:
-            break
-        keep.append(sel)
-        added.append(sel)
-        status(f"finding advice that passes: transform {round_ + 1} with {added}", log=True)
-        trial = dataclasses.replace(policy, keep_fp32=tuple(keep))
-        try:
-            transform_with(model, trial, example_inputs, advise=False)
-        except VerificationError as again:
-            first = again.first
-            continue
-        found = True
-        break
-    if found:
-        advice = (f" Transformed again with keep_fp32={added!r}, it passes this check: pass "
-                  "that (it keeps those modules in fp32), and please report the model if they "
-                  "are not ones you chose to run low; verify=False skips this check.")
-    else:
-        advice = (f" No keep_fp32 list of up to {_ADVICE_ROUNDS} modules or nodes found by "
-                  "transforming again made it pass (tried: "
-                  f"{added!r}); keep a larger module in fp32 (keep_fp32=[<module path>]), "
-                  "or verify=False to skip this check.")
-    return VerificationError(exc.finding, advice, result=exc.result, first=exc.first,
-                             keep_fp32=added if found else None)
 
 
 def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",

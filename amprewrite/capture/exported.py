@@ -130,15 +130,13 @@ def program_inputs(ep: torch.export.ExportedProgram, example_inputs: object = No
                                         target=torch.ops.aten._assert_tensor_metadata.default):
         module.graph.erase_node(node)
     module.recompile()
-    real = True
-    if example_inputs is not None:
-        args, kwargs = split_inputs(example_inputs)
-    elif ep.example_inputs is not None:
-        args, kwargs = ep.example_inputs
+    dynamic = _dynamic_shapes(ep, module)
+    real = example_inputs is not None or ep.example_inputs is not None
+    if example_inputs is None:
+        args, kwargs = ep.example_inputs if real else _made_inputs(ep)
     else:
-        args, kwargs = _made_inputs(ep)
-        real = False
-    return ProgramInputs(module, tuple(args), dict(kwargs), _dynamic_shapes(ep, module), real)
+        args, kwargs = split_inputs(example_inputs)
+    return ProgramInputs(module, tuple(args), dict(kwargs), dynamic, real)
 
 
 def export_again(gm: fx.GraphModule, inputs: ProgramInputs, dynamic_shapes: object
@@ -273,7 +271,7 @@ def transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_
                "verified; pass example_inputs=(...) to have it checked against fp32 and autocast")
         report(gm).notes.append(f"verify: not run: {why}")
         warnings.warn(NotVerifiedWarning(f"amprewrite.transform: {why} (or verify=False)."),
-                      # user -> transform -> transform_with -> _transform_with -> here
-                      stacklevel=5)
+                      # user -> transform -> transform_with -> here
+                      stacklevel=4)
     status("exporting the transformed graph")
     return export_again(gm, inputs, policy.dynamic_shapes)

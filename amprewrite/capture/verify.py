@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Iterator
@@ -28,10 +29,12 @@ from ..graph import meta as M
 from ..graph.modules import buffer_clone_copy, get_attr
 from ..graph.shapes import split_inputs
 from ..precision.ops import MASK_DRAWS, Precision
+from ..precision.policy import Policy
+from ..progress import status
 from .trace import capture
 
-__all__ = ["CheckResult", "NodeError", "compare", "culprit_node", "float_leaves", "rel_err",
-           "replayed", "selector_for", "verify_bound", "verify_graph"]
+__all__ = ["AdviceSearch", "CheckResult", "NodeError", "compare", "culprit_node", "float_leaves",
+           "rel_err", "replayed", "selector_for", "verify_bound", "verify_graph"]
 
 
 @dataclass(frozen=True)
@@ -415,3 +418,77 @@ def selector_for(node: fx.Node) -> str | None:
     if M.MADE_BY in node.meta:
         return None
     return f"node:{node.name}"
+
+
+# How many selectors the advice of a VerificationError may add before it gives up.
+_ADVICE_ROUNDS = 8
+
+
+class AdviceSearch:
+    """Advice for a :class:`~amprewrite.errors.VerificationError` that works as printed:
+    ``keep_fp32`` selectors, added one culprit at a time (its module's path, else its captured
+    node's name; never a cast), until a transform with them passes the same check. The caller's
+    selectors are kept; a culprit the caller passed in ``allow_low`` gets advice that says so
+    instead. The transform drives it as a loop (:func:`amprewrite.api.transform_with`):
+
+    >>> search = AdviceSearch(Policy())
+    >>> search.policy.keep_fp32, search.passed() is None
+    ((), True)
+
+    ``search.policy`` is what to transform with next; after a ``VerificationError``,
+    :meth:`failed` gives the error to raise, or None to transform again with the next
+    ``search.policy``; after a transform that passed, :meth:`passed` gives the first error with
+    the advice that made it pass (None: the first transform passed, return it).
+    ``advise=False``: the first error is raised as it is.
+    """
+
+    def __init__(self, policy: Policy, advise: bool = True) -> None:
+        self.policy = policy
+        self._given, self._advise = policy, advise
+        self._keep, self._added = list(policy.keep_fp32), []
+        self._first: VerificationError | None = None
+
+    @property
+    def searching(self) -> bool:
+        """Whether the next transform is a trial of advice (not the caller's own)."""
+        return self._first is not None
+
+    def failed(self, exc: VerificationError) -> VerificationError | None:
+        if self._first is None:
+            if not self._advise or exc.result is None:
+                return exc
+            self._first = exc
+        first = self._first
+        sel = selector_for(exc.first) if exc.first is not None else None
+        if sel is not None and sel in self._given.allow_low:
+            # The user asked for it low: advice to keep it fp32 would contradict them.
+            advice = (f" It is in {sel!r}, which you passed in allow_low: run low, its values "
+                      f"depart from fp32 as shown. Drop {sel!r} from allow_low to have it "
+                      "computed in fp32, or pass verify=False to accept this error.")
+            return VerificationError(first.finding, advice, result=first.result,
+                                     first=first.first, keep_fp32=None)
+        if sel is None or sel in self._keep or len(self._added) > _ADVICE_ROUNDS:
+            return self._error(found=False)
+        self._keep.append(sel)
+        self._added.append(sel)
+        status(f"finding advice that passes: transform {len(self._added)} with {self._added}",
+               log=True)
+        self.policy = dataclasses.replace(self._given, keep_fp32=tuple(self._keep))
+        return None
+
+    def passed(self) -> VerificationError | None:
+        return None if self._first is None else self._error(found=True)
+
+    def _error(self, found: bool) -> VerificationError:
+        first, added = self._first, self._added
+        if found:
+            advice = (f" Transformed again with keep_fp32={added!r}, it passes this check: "
+                      "pass that (it keeps those modules in fp32), and please report the model "
+                      "if they are not ones you chose to run low; verify=False skips this check.")
+        else:
+            advice = (f" No keep_fp32 list of up to {_ADVICE_ROUNDS} modules or nodes found by "
+                      "transforming again made it pass (tried: "
+                      f"{added!r}); keep a larger module in fp32 (keep_fp32=[<module path>]), "
+                      "or verify=False to skip this check.")
+        return VerificationError(first.finding, advice, result=first.result, first=first.first,
+                                 keep_fp32=list(added) if found else None)

@@ -23,7 +23,7 @@ from ..errors import AmpRewriteError, PassError
 from ..graph import meta as M
 from ..graph.codegen import lint, recompile
 from ..precision.policy import Policy
-from ..precision.ranges import ValueRange, declared_fp32
+from ..precision.ranges import ValueRange
 from ..progress import detail
 from .base import CAPTURED, Kind, Pass
 from .float8_linears import Float8Linears
@@ -110,9 +110,6 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
     (and float8 errors) are widened across ranks
     (:class:`~amprewrite.passes.record_ranges.RecordRanges`); ``fp8_prior``: float8 errors by
     node name it must also hold for (:class:`~amprewrite.passes.float8_linears.Float8Linears`)."""
-    if declared is None and model is not None:
-        declared = {name: (attr, name)
-                    for name, attr in declared_fp32(model, policy.dtype).items()}
     passes = [cls(policy) for cls in PASSES]
     for p in passes:
         if isinstance(p, TransformBodies):
@@ -127,7 +124,7 @@ def pipeline(policy: Policy, model: nn.Module | None = None,
                 p.prior = {k: v for k, v in (fp8_prior or {}).items() if "." not in k}
                 p.reduce = reduce
         elif isinstance(p, PaintPrecision):
-            p.declared = declared
+            p.declared, p.model = declared, model
         elif isinstance(p, VerifyOutput):
             p.model, p.example_inputs = model, example_inputs
     return passes

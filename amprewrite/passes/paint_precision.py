@@ -58,6 +58,7 @@ from ..precision.ops import (
 from ..precision.policy import Selector
 from ..precision.ranges import (
     TINY_SHARE,
+    declared_fp32,
     describe_limit,
     narrower_than_fp32,
     range_limit,
@@ -147,8 +148,10 @@ class PaintPrecision(Pass):
     writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED)
     # Parameters and buffers the model declares fp32, by the target of the get_attr (or, in a
     # torch.compile graph, placeholder) node that reads them: (declaring attribute, the
-    # parameter's name). Set by passes.pipeline (ranges.declared_fp32).
+    # parameter's name). Set by passes.pipeline where the graph does not name them as the
+    # model does (a torch.compile graph); else found on ``model`` (ranges.declared_fp32).
     declared: dict[str, tuple[str, str]] | None = None
+    model: torch.nn.Module | None = None
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype
@@ -169,6 +172,9 @@ class PaintPrecision(Pass):
         # What a declaration or a range took, for allow_low to give back: node -> (class, why).
         self._taken: dict[fx.Node, tuple[Precision, str]] = {}
         self._strict: set[fx.Node] = set()  # declared by _keep_in_fp32_modules_strict
+        if self.declared is None and self.model is not None:
+            self.declared = {name: (attr, name)
+                             for name, attr in declared_fp32(self.model, low).items()}
         if self.declared:
             self._declarations(gm)
         self._ranges(gm, low)

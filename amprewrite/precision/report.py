@@ -355,13 +355,11 @@ def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
     for node in _nodes_with_bodies(gm):
         if node.op == "get_attr" and str(node.target) in bodies:
             continue
+        out.append(_decision(node, policy))
         if node in regions:
             name, report = regions[node]
-            out.append(_decision(node, policy))
             out += [dataclasses.replace(d, node=f"{name}.{d.node}") for d in report.decisions
                     if d.op not in ("placeholder", "output")]
-            continue
-        out.append(_decision(node, policy))
     return out
 
 

@@ -13,18 +13,14 @@ import torch
 from torch import fx, nn
 
 from .capture.exported import is_exported_program, transform_program
-from .capture.trace import CAPTURE_TOOL, capture_model, eager_failure
+from .capture.trace import capture_model, eager_failure
 from .capture.verify import AdviceSearch
 from .errors import PassError, PolicyError, VerificationError
-from .graph import meta as M
 from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
 from .graph.runtime import no_enclosing_autocast
-from .graph.shapes import BATCH
 from .passes import pipeline, run_pipeline
-from .passes.paint_precision import matches
-from .precision.ops import FAMILIES
 from .precision.policy import Policy, Selector, calibration_batches
-from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of
+from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of, transform_notes
 from .progress import status, transform_progress
 
 __all__ = ["transform"]
@@ -252,8 +248,8 @@ def _transform_module(model: nn.Module, policy: Policy, example_inputs: object, 
             if own is not None:
                 raise own from None
             raise
+    rep.notes += transform_notes(gm, captured.method, policy)
     rep.decisions = decisions_of(gm, policy)
-    rep.notes += _notes(gm, captured.method, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         # To transform again for inputs of other shapes. With params="low" only weakly: the
         # point of low weights is that dropping the fp32 model frees its weights.
@@ -280,36 +276,3 @@ def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",
     rep.decisions = decisions_of(gm, policy)
     rep.timings["total"] = time.perf_counter() - start
     return gm
-
-
-def _notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:
-    notes = []
-    for option, selectors in (("keep_fp32", policy.keep_fp32 if policy else ()),
-                              ("allow_low", policy.allow_low if policy else ())):
-        for sel in selectors:
-            if isinstance(sel, str) and (sel in FAMILIES or sel.startswith("node:") or "::" in sel):
-                continue  # families may simply be absent; node names are checked at capture
-            if not any(matches(n, sel) for n in gm.graph.nodes):
-                shown = sel.__name__ if isinstance(sel, type) else repr(sel)
-                notes.append(f"{option}={shown} selects no node of this graph: the module runs "
-                             "no op in this forward, so the option changes nothing")
-    if method == "symbolic_trace":
-        for node in gm.graph.nodes:
-            if node.meta.get(M.FAMILY) == "dropout" and node.op == "call_function":
-                notes.append(f"{node.name}: functional dropout with a training flag fixed at "
-                             "trace time; use nn.Dropout to have gm.train()/gm.eval() switch it")
-    else:
-        notes.append(f"captured by {CAPTURE_TOOL.get(method, method)} in "
-                     f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
-        guard = getattr(gm, "_amp_inputs", None)
-        if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary
-            asked = policy.dynamic_shapes if policy else None
-            said = guard.describe()
-            if not guard.dynamic_dims() and isinstance(asked, str) and asked == BATCH:
-                said += (": dynamic_shapes='batch' left no batch dimension dynamic (the "
-                         "model fixes it, as a per-sample loop does, or the example's batch is "
-                         "1); another batch size is transformed again")
-            else:
-                said += f" (dynamic_shapes={asked!r})"
-            notes.append(f"shapes: {said}")
-    return notes

@@ -50,7 +50,7 @@ from ..graph.modules import buffer_clone_copy, get_attr, has_attr, rebuild, shar
 from ..graph.shapes import BATCH, InputGuard, capture_spec, flat_inputs, split_inputs
 from ..precision.ops import family_of
 from ..precision.policy import Policy, check_node_selectors, check_selectors
-from ..precision.report import POLICY_KEY, REPORT_KEY
+from ..precision.report import CAPTURE_TOOL, POLICY_KEY, REPORT_KEY
 from ..progress import status
 from .dynamo_state import (
     custom_functions,
@@ -578,7 +578,6 @@ def check_model(model: object) -> None:
 
 
 # What the progress line and the report's notes call each capture.
-CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
 
 
 def capture_model(model: nn.Module, example_inputs: object, policy: Policy

@@ -38,7 +38,7 @@ from torch import fx
 from torch.fx import graph as _fxg
 from torch.fx.node import _get_qualified_name
 
-__all__ = ["check", "fast_python_code", "lint", "python_code", "recompile"]
+__all__ = ["check", "fast_python_code", "lint", "python_code", "recompile", "refresh"]
 
 # fx's own pieces, so names and spellings stay fx's; absent in some torch: fx then writes.
 try:
@@ -105,6 +105,13 @@ def recompile(gm: fx.GraphModule) -> _fxg.PythonCode:
     """``gm.recompile()`` with the source written by :func:`python_code`."""
     with fast_python_code(gm.graph):
         return gm.recompile()
+
+
+def refresh(gm: fx.GraphModule) -> None:
+    """:func:`lint` ``gm``'s graph, then :func:`recompile` it: what a changed graph needs
+    before its module runs."""
+    lint(gm.graph)
+    recompile(gm)
 
 
 def lint(graph: fx.Graph) -> None:

@@ -21,7 +21,7 @@ from torch import fx, nn
 
 from ..errors import AmpRewriteError, PassError
 from ..graph import meta as M
-from ..graph.codegen import lint, recompile
+from ..graph.codegen import refresh
 from ..precision.policy import Policy
 from ..precision.ranges import ValueRange
 from ..progress import detail
@@ -196,24 +196,13 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
          on_pass: Callable[[str, fx.GraphModule], None] | None, debug: bool) -> fx.GraphModule:
     done: list[str] = []
     stale = False
-    for p in passes:
+    for i, p in enumerate(passes):
         start = time.perf_counter()
         before = _meta_keys(gm) if debug else None
-        if stale and getattr(p, "needs_code", False):  # it runs the graph: recompile first
-            start = time.perf_counter()
-            lint(gm.graph)
-            recompile(gm)
-            stale = False
-            if timings is not None:
-                timings["recompile"] = time.perf_counter() - start
         try:
             detail(p.name)
             with M.running_pass(p.name):
                 modified = p.run(gm)
-            stale = stale or bool(modified)
-            if (debug or on_pass is not None) and modified:
-                lint(gm.graph)
-                recompile(gm)
             if before is not None:
                 _check_writes(p, before, _meta_keys(gm))
         except AmpRewriteError:
@@ -223,17 +212,22 @@ def _run(gm: fx.GraphModule, passes: Sequence[Pass], timings: dict[str, float] |
         done.append(p.name)
         if timings is not None:
             timings[p.name] = time.perf_counter() - start
+        stale = stale or bool(modified)
+        following = passes[i + 1] if i + 1 < len(passes) else None
+        # One lint and recompile at the end, and before a pass that runs the graph
+        # (``needs_code``); after each pass that changed it where each is checked or shown.
+        if stale and (following is None or getattr(following, "needs_code", False)
+                      or debug or on_pass is not None):
+            start = time.perf_counter()
+            try:
+                refresh(gm)
+            except Exception as exc:
+                raise _pass_error("lint and recompile", done, exc) from exc
+            stale = False
+            if timings is not None:
+                timings["recompile"] = time.perf_counter() - start
         if on_pass is not None:
             on_pass(p.name, gm)
-    if stale:
-        start = time.perf_counter()
-        try:
-            lint(gm.graph)
-            recompile(gm)
-        except Exception as exc:
-            raise _pass_error("lint and recompile", done, exc) from exc
-        if timings is not None:
-            timings["recompile"] = time.perf_counter() - start
     return gm
 
 
@@ -252,8 +246,7 @@ def run_pass(gm: fx.GraphModule, p: Pass) -> bool:
     """Run one pass alone (its name current), then lint and recompile; True if it changed gm."""
     with M.running_pass(p.name):
         modified = p.run(gm)
-    lint(gm.graph)
-    recompile(gm)
+    refresh(gm)
     return bool(modified)
 
 

@@ -33,9 +33,9 @@ from ..graph import meta as M
 from ..graph.shapes import split_inputs
 from ..precision import float8 as f8
 from ..precision.ops import Precision, is_plain_matmul
+from ..precision.policy import matches
 from ..precision.report import record
 from .base import Kind, Pass, arguments, given_parameters, matmul_operands
-from .paint_precision import matches
 
 __all__ = ["Float8Linears", "errors", "worse"]
 

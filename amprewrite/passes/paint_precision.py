@@ -55,7 +55,7 @@ from ..precision.ops import (
     qualified_name,
     writes_in_place,
 )
-from ..precision.policy import Selector
+from ..precision.policy import Selector, matches
 from ..precision.ranges import (
     TINY_SHARE,
     declared_fp32,
@@ -86,21 +86,6 @@ def _own_floats(module: torch.nn.Module, low: torch.dtype) -> bool:
     """Does ``module`` hold a float parameter or buffer that is not already ``low``?"""
     return any(t.is_floating_point() and t.dtype != low
                for t in (*module.parameters(), *module.buffers()))
-
-
-def matches(node: fx.Node, selector: Selector) -> bool:
-    """Does a keep_fp32 / allow_low entry select ``node``?"""
-    if isinstance(selector, type):
-        return any(issubclass(t, selector) for t in node.meta.get(M.MODULE_TYPES, ()))
-    if selector.startswith("node:"):
-        return node.name == selector[5:]
-    if selector in FAMILIES:
-        return node.meta.get(M.FAMILY) == selector
-    if "::" in selector:  # an operator by qualified name: "mylib::scale" (any overload)
-        op = op_qualname(node.target) if node.op == "call_function" else None
-        return op is not None and (op == selector or op.split(".")[0] == selector)
-    path = node.meta.get(M.MODULE_PATH, "")
-    return path == selector or path.startswith(selector + ".")
 
 
 def range_reason(node: fx.Node, low: torch.dtype, where: str = "the example inputs",

@@ -54,6 +54,7 @@ from torch import fx
 
 from ..graph import meta as M
 from ..precision.ops import FAMILIES, Precision, family_of
+from ..precision.policy import matches
 from ..precision.ranges import (
     TINY_SHARE,
     ValueRange,
@@ -75,7 +76,7 @@ from .base import (
     matmul_operands,
     new_node,
 )
-from .paint_precision import matches, range_reason
+from .paint_precision import range_reason
 
 __all__ = ["LOW_FLOPS", "RescaleMatmuls"]
 

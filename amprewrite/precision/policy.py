@@ -12,11 +12,13 @@ import torch
 from torch import fx, nn
 
 from ..errors import PolicyError
+from ..graph import meta as M
 from ..graph.dtypes import low_dtype
 from .float8 import parse_fp8
+from .ops import FAMILIES, op_qualname
 
 __all__ = ["CAPTURES", "Policy", "calibration_batches", "check_node_selectors", "check_selectors",
-           "parse_dtype"]
+           "matches", "parse_dtype"]
 
 CAPTURES = {
     "dynamo": "torch._dynamo.export, a graph of torch-level ops",
@@ -236,7 +238,6 @@ def check_selectors(policy: Policy, paths: Iterable[str], owner: str) -> None:
     ...
     amprewrite.errors.PolicyError: keep_fp32 names 'fc9', which is neither a module of Net ...
     """
-    from .ops import FAMILIES
 
     paths = [p for p in paths if p]
     known = set(paths)
@@ -269,3 +270,18 @@ def check_node_selectors(policy: Policy, gm: fx.GraphModule) -> None:
                     f"have.{hint} Node names come from amprewrite.report(gm) of the same model "
                     "and example inputs."
                 )
+
+
+def matches(node: fx.Node, selector: Selector) -> bool:
+    """Does a keep_fp32 / allow_low entry select ``node``?"""
+    if isinstance(selector, type):
+        return any(issubclass(t, selector) for t in node.meta.get(M.MODULE_TYPES, ()))
+    if selector.startswith("node:"):
+        return node.name == selector[5:]
+    if selector in FAMILIES:
+        return node.meta.get(M.FAMILY) == selector
+    if "::" in selector:  # an operator by qualified name: "mylib::scale" (any overload)
+        op = op_qualname(node.target) if node.op == "call_function" else None
+        return op is not None and (op == selector or op.split(".")[0] == selector)
+    path = node.meta.get(M.MODULE_PATH, "")
+    return path == selector or path.startswith(selector + ".")

@@ -12,10 +12,14 @@ from torch import fx
 from ..graph import meta as M
 from ..graph import runtime
 from ..graph.meta import POLICY_KEY, REPORT_KEY  # graph-level keys live in meta; re-exported here
+from ..graph.shapes import BATCH
+from .ops import FAMILIES
+from .policy import Policy, matches
 from .ranges import ValueRange
 
-__all__ = ["POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport", "PlanEvent",
-           "Report", "Rewrite", "record", "report", "text_table"]
+__all__ = ["CAPTURE_TOOL", "POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport",
+           "PlanEvent", "Report", "Rewrite", "decisions_of", "record", "report", "text_table",
+           "transform_notes"]
 
 
 @dataclass(frozen=True)
@@ -380,3 +384,43 @@ def _decision(node: fx.Node, policy: object) -> Decision:
     return Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
                     node.meta.get(M.FAMILY), precision, dtype, node.meta.get(M.REASON, ""),
                     M.source_line(node), storage, node.meta.get(M.RANGE), fp8)
+
+
+# What each capture method is called in a note.
+CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
+
+
+def transform_notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:
+    """The report's notes on a transformed graph that only the whole transform knows of: the
+    ``keep_fp32`` / ``allow_low`` selectors that select no node, functional dropout frozen by
+    a symbolic trace, and the capture (its tool, the mode it fixed, the sizes it serves)."""
+    notes = []
+    for option, selectors in (("keep_fp32", policy.keep_fp32 if policy else ()),
+                              ("allow_low", policy.allow_low if policy else ())):
+        for sel in selectors:
+            if isinstance(sel, str) and (sel in FAMILIES or sel.startswith("node:") or "::" in sel):
+                continue  # families may simply be absent; node names are checked at capture
+            if not any(matches(n, sel) for n in gm.graph.nodes):
+                shown = sel.__name__ if isinstance(sel, type) else repr(sel)
+                notes.append(f"{option}={shown} selects no node of this graph: the module runs "
+                             "no op in this forward, so the option changes nothing")
+    if method == "symbolic_trace":
+        for node in gm.graph.nodes:
+            if node.meta.get(M.FAMILY) == "dropout" and node.op == "call_function":
+                notes.append(f"{node.name}: functional dropout with a training flag fixed at "
+                             "trace time; use nn.Dropout to have gm.train()/gm.eval() switch it")
+    else:
+        notes.append(f"captured by {CAPTURE_TOOL.get(method, method)} in "
+                     f"{'train' if gm.training else 'eval'} mode; the mode is fixed in the graph")
+        guard = getattr(gm, "_amp_inputs", None)
+        if guard is not None:  # which sizes torch.export.export(gm, dynamic_shapes=...) may vary
+            asked = policy.dynamic_shapes if policy else None
+            said = guard.describe()
+            if not guard.dynamic_dims() and isinstance(asked, str) and asked == BATCH:
+                said += (": dynamic_shapes='batch' left no batch dimension dynamic (the "
+                         "model fixes it, as a per-sample loop does, or the example's batch is "
+                         "1); another batch size is transformed again")
+            else:
+                said += f" (dynamic_shapes={asked!r})"
+            notes.append(f"shapes: {said}")
+    return notes

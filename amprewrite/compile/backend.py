@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from collections.abc import Callable, Mapping
 
 import torch
@@ -115,17 +116,20 @@ def _check_options(gm: fx.GraphModule, policy: Policy) -> None:
                     type(root).__name__ if root is not None else "the compiled function")
 
 
-def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
+def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner,
+             dtype_given: bool = True):
     # A compile inside an enclosing autocast (a trainer's) records ranges, checks float8 and
     # traces the inner backend in fp32's state: the graph's own guard keeps autocast off when
     # it runs, and an inner compiler tracing it must not bake autocast's casts in either.
     with no_enclosing_autocast():
-        return _compile_planned(gm, example_inputs, policy, inner)
+        return _compile_planned(gm, example_inputs, policy, inner, dtype_given)
 
 
-def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner):
+def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner,
+                     dtype_given: bool):
     annotate_dynamo_graph(gm.graph)
     _check_options(gm, policy)
+    policy = _agree_with_parameters(example_inputs, policy, dtype_given)
     if policy.device is None:
         devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)
@@ -155,6 +159,35 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
     watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
     return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch,
                      fp8=concrete and policy.fp8 is not None, reduce=reduce)
+
+
+def _agree_with_parameters(example_inputs: list, policy: Policy, dtype_given: bool) -> Policy:
+    """The policy, its dtype agreeing with the parameters' where they arrive in one low dtype
+    (FSDP2 gathering them in its ``param_dtype``, a model cast with ``.half()``): a backend
+    left at its default dtype follows them, and says so; one given another dtype keeps it and
+    warns that every weight is converted in the graph (a matmul in neither dtype's intent)."""
+    low = {v.dtype for v in example_inputs
+           if isinstance(v, nn.Parameter) and v.dtype in (torch.float16, torch.bfloat16)}
+    if len(low) != 1 or low == {policy.dtype}:
+        return policy
+    (theirs,) = low
+    ours, shown = policy.dtype, str(theirs).replace("torch.", "")
+    where = ("the compiled module's parameters arrive in " + shown + " (FSDP2 gathers them in "
+             "its param_dtype: amprewrite.fully_shard(..., dtype=...) or its mp_policy; or the "
+             "model was cast)")
+    if not dtype_given:
+        warnings.warn(
+            f"amprewrite backend: {where}, and the backend was given no dtype (default "
+            f"{str(ours).replace('torch.', '')}): it plans {shown}, as they are. Pass "
+            f"options={{'dtype': torch.{shown}}} (or amprewrite.backend(dtype=torch.{shown})) "
+            "to say so and silence this.", stacklevel=2)
+        return dataclasses.replace(policy, dtype=theirs)
+    warnings.warn(
+        f"amprewrite backend: {where}, but the backend plans "
+        f"{str(ours).replace('torch.', '')} (its dtype option): each weight is converted to "
+        f"it in the graph and no matmul runs in {shown}. Give fully_shard (or the model) and "
+        "the backend the same dtype.", stacklevel=2)
+    return policy
 
 
 def _hint(v: object) -> object:
@@ -203,7 +236,7 @@ def amprewrite_backend(gm: fx.GraphModule, example_inputs: list, options: Mappin
     """
     del mode  # torch.compile passes mode= to every backend; it is inductor's concern
     policy, inner = _policy(options or {})
-    return _compile(gm, example_inputs, policy, inner)
+    return _compile(gm, example_inputs, policy, inner, "dtype" in (options or {}))
 
 
 def backend(inner: Inner = "inductor", **policy: object) -> Callable:
@@ -222,7 +255,7 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
         fp8 = tuple(sorted(fp8.items())) if isinstance(fp8, Mapping) else fp8
         # Calibration batches are data a Policy does not compare: never shared.
         key = None if settings.calibration else (
-            dataclasses.replace(settings, fp8=None), fp8, inner)
+            dataclasses.replace(settings, fp8=None), fp8, inner, "dtype" in policy)
         made = _BACKENDS.get(key) if key is not None else None
     except (TypeError, RuntimeError):  # an option that cannot be hashed or compared
         made, key = None, None
@@ -230,7 +263,7 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
         return made
 
     def compile_with_amprewrite(gm: fx.GraphModule, example_inputs: list):
-        return _compile(gm, example_inputs, settings, inner)
+        return _compile(gm, example_inputs, settings, inner, "dtype" in policy)
 
     if key is not None:
         _BACKENDS[key] = compile_with_amprewrite
@@ -242,4 +275,4 @@ def backend(inner: Inner = "inductor", **policy: object) -> Callable:
 # with its own amprewrite.backend(...) compiled a graph per block (one plan each, where the
 # blocks of one class share one) and, past torch._dynamo.config.recompile_limit, left the
 # other blocks uncompiled. The same settings now give the same callable.
-_BACKENDS: dict[tuple[Policy, object, object], Callable] = {}
+_BACKENDS: dict[tuple[Policy, object, object, bool], Callable] = {}

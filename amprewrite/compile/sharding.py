@@ -38,6 +38,7 @@ breaks its graph, and a checkpointed block then runs eagerly; tried on torch 2.1
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -161,10 +162,62 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
                   keep_fp32: Iterable[Selector] = (),
                   ignored_params: set[nn.Parameter] | None = None,
                   fp8: object = None, compiled: bool | None = None) -> ShardingPlan:
-    """What :func:`fully_shard` would do with ``module``'s parameters (the ones not sharded by
-    an earlier call on a submodule), without sharding anything. See the module docstring.
-    ``compiled``: whether ``module`` runs in an amprewrite graph (None: what ``module`` says,
-    a ``torch.compile`` wrapper or ``module.compile``; see :func:`fully_shard`)."""
+    """What :func:`fully_shard` does with ``module``'s parameters, without sharding anything.
+    See the module docstring. ``compiled``: whether ``module`` runs in an amprewrite graph
+    (None: what ``module`` says, a ``torch.compile`` wrapper or ``module.compile``; see
+    :func:`fully_shard`).
+
+    Groups sharded already are listed as they were sharded: a submodule sharded by an earlier
+    :func:`fully_shard` call with that call's plan (its groups named by their path from
+    ``module``), and ``module`` itself, once sharded, with its own call's plan; the other
+    arguments describe only what is not sharded yet."""
+    plan = getattr(module, _RECORDED, None)
+    if plan is None:
+        plan = _plan(module, dtype, keep_fp32, ignored_params, fp8, compiled)
+    plan = dataclasses.replace(plan, params=dict(plan.params), notes=list(plan.notes))
+    for path, child in _sharded_inside(module):
+        recorded = sharding_plan(child) if hasattr(child, _RECORDED) else None
+        for p in (recorded.params.values() if recorded is not None else ()):
+            name = f"{path}.{p.name}"
+            group = f"{path}.{p.group}" if p.group else path
+            plan.params[name] = dataclasses.replace(p, name=name, group=group)
+        if recorded is None:  # torch's own fully_shard: its group, in its policy's dtype
+            for n, p in child.named_parameters():
+                name = f"{path}.{_clean(n)}"
+                plan.params[name] = ParamShard(name, p.dtype, path,
+                                               "sharded by torch's fully_shard, not "
+                                               "amprewrite's: gathered in its mp_policy's "
+                                               "param_dtype")
+    return plan
+
+
+# The attribute where fully_shard keeps the plan of the call that sharded a module.
+_RECORDED = "_amp_sharding_plan"
+
+
+def _sharded_inside(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(path, submodule) of the outermost submodules sharded by an earlier call, each as its
+    call saw it: an eager leaf group that call made is listed by that call's plan."""
+    def walk(path: str, m: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        for name, child in m.named_children():
+            at = f"{path}.{name}" if path else name
+            if _is_sharded(child) and (hasattr(child, _RECORDED) or not _made_by(module, at)):
+                yield _clean(at), child
+            else:
+                yield from walk(at, child)
+    yield from walk("", module)
+
+
+def _made_by(module: nn.Module, path: str) -> bool:
+    """Whether the group at ``path`` is a leaf group of ``module``'s own recorded call."""
+    recorded = getattr(module, _RECORDED, None)
+    return recorded is not None and any(p.group == path for p in recorded.params.values())
+
+
+def _plan(module: nn.Module, dtype: torch.dtype | str, keep_fp32: Iterable[Selector],
+          ignored_params: set[nn.Parameter] | None, fp8: object,
+          compiled: bool | None) -> ShardingPlan:
+    """The plan of one fully_shard call on ``module``: its parameters not sharded before."""
     policy = Policy(dtype=dtype, keep_fp32=tuple(keep_fp32), fp8=fp8)
     low, ignored = policy.dtype, ignored_params or set()
     float8 = policy.fp8 is not None and policy.fp8.recipe == "tensorwise"
@@ -498,7 +551,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
         reduce_dtype = given.reduce_dtype or torch.float32
     if dtype is None:
         dtype = torch.bfloat16
-    plan = sharding_plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8, compiled)
+    plan = _plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8, compiled)
     kind = type(module).__name__  # before FSDP2 renames the class (FSDPLlamaDecoderLayer)
     for note in plan.notes:
         warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
@@ -520,6 +573,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     # leaf too: FSDP's hooks make its casts.
     sharded = torch_fully_shard(module, mp_policy=_policy(low, plan.leaf and low is not None,
                                                           reduce_dtype), **kwargs)
+    module.__dict__[_RECORDED] = plan  # sharding_plan(module) lists what this call did
     if leaves and not plan.compiled:
         module.register_forward_pre_hook(_warn_if_compiled(kind))
     if states:

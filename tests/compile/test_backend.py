@@ -329,3 +329,32 @@ def test_the_report_of_a_checkpointed_block_lists_its_body():
     assert not [d for d in rep.decisions if d.node == "wrap_body_0"]  # not a parameter
     (note,) = [n for n in rep.notes if "region's body" in n]
     assert "wrap_body_0.<node>" in note and "fp32 inputs" not in note
+
+
+def test_parameters_in_another_low_dtype_are_followed_or_warned_about():
+    """A model whose parameters are fp16 (``.half()``, or FSDP2 gathering in fp16) compiled
+    with the backend at its default dtype: the plan is fp16, as the weights are, and a warning
+    says so; with ``dtype`` given, it is kept and the warning says each weight is converted."""
+    import warnings
+
+    def run(options):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)).half()
+        compiled = torch.compile(model, backend="amprewrite", options=options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = compiled(torch.randn(2, 8, dtype=torch.float16))
+        said = [str(w.message) for w in caught if "amprewrite backend" in str(w.message)]
+        text = str(amprewrite.report(compiled))
+        torch._dynamo.reset()
+        return text, said, out
+
+    text, said, out = run({"inner": "eager"})
+    assert "graph planned in float16" in text
+    assert len(said) == 1 and "the backend was given no dtype" in said[0]
+    assert out.dtype == torch.float16
+    text, said, _ = run({"inner": "eager", "dtype": torch.bfloat16})
+    assert "graph planned in bfloat16" in text
+    assert len(said) == 1 and "no matmul runs in float16" in said[0]
+    text, said, _ = run({"inner": "eager", "dtype": torch.float16})
+    assert "graph planned in float16" in text and said == []

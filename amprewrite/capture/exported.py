@@ -44,6 +44,7 @@ from ..graph.shapes import BATCH, split_inputs
 from ..precision.policy import Policy
 from ..precision.report import POLICY_KEY, REPORT_KEY, report
 from ..progress import status
+from .verify import TRAIN_MODE_CHECK
 
 __all__ = [
     "ProgramInputs",
@@ -170,7 +171,8 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
 
     dims: dict[sympy.Symbol, torch.export.Dim] = {}
 
-    def dim_of(expr: sympy.Expr) -> object:
+    def dim_of(size: torch.SymInt) -> object:
+        expr = size.node.expr
         if expr.is_number:
             return None
         if len(expr.free_symbols) != 1:
@@ -180,7 +182,7 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
             vr = ep.range_constraints.get(sym)
             lo = _finite(vr.lower) if vr is not None else None
             hi = _finite(vr.upper) if vr is not None else None
-            dims[sym] = torch.export.Dim(str(sym), min=lo or 0, max=hi)
+            dims[sym] = torch.export.Dim(_user_name(size, sym), min=lo or 0, max=hi)
         root = dims[sym]
         scale, offset = expr.coeff(sym), expr.subs(sym, 0)
         if expr == sym:
@@ -195,12 +197,26 @@ def _dynamic_shapes(ep: torch.export.ExportedProgram, module: fx.GraphModule) ->
         spec = None
         if isinstance(value, torch.Tensor):
             spec = {i: d for i, s in enumerate(value.shape) if isinstance(s, torch.SymInt)
-                    and (d := dim_of(s.node.expr)) is not None} or None
+                    and (d := dim_of(s)) is not None} or None
         leaves.append(spec)
     if not dims:
         return None
     args, kwargs = _shapes_tree(ep.call_spec.in_spec, iter(leaves))
     return dict(inspect.signature(module.forward).bind(*args, **kwargs).arguments)
+
+
+def _user_name(size: torch.SymInt, sym: object) -> str:
+    """The name the exporter gave ``sym`` (``Dim("batch")`` -> ``"batch"``), so that notes and
+    errors speak of the user's dimensions; the symbol's own name (``s77``) where the program
+    no longer knows it (one loaded by ``torch.export.load``, or a ``Dim.AUTO`` dimension)."""
+    env = getattr(size.node, "shape_env", None)
+    names = getattr(env, "source_name_to_debug_name", None) or {}
+    for source in (getattr(env, "var_to_sources", None) or {}).get(sym, ()):
+        key = source.name() if callable(source.name) else source.name  # a method before 2.9
+        name = names.get(key)
+        if isinstance(name, str) and name.isidentifier():
+            return name
+    return str(sym)
 
 
 def _shapes_tree(spec: pytree.TreeSpec, leaves: Iterator[object]) -> object:
@@ -264,7 +280,8 @@ def transform_program(ep: torch.export.ExportedProgram, policy: Policy, example_
         notes = report(gm).notes
         notes[:] = [("captured from an ExportedProgram with no mode-dependent op (dropout, "
                      "batch norm): train and eval compute the same"
-                     if n.startswith("captured by ") else n) for n in notes]
+                     if n.startswith("captured by ") else n.replace(TRAIN_MODE_CHECK, ""))
+                    for n in notes]
     if policy.verify and not inputs.real:
         why = ("the ExportedProgram keeps no example inputs (ep.example_inputs is None), so it "
                "was captured and exported on zero-filled inputs of its example sizes and not "

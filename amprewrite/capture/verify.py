@@ -33,8 +33,14 @@ from ..precision.policy import Policy
 from ..progress import status
 from .trace import capture
 
-__all__ = ["AdviceSearch", "CheckResult", "NodeError", "compare", "culprit_node", "float_leaves",
-           "rel_err", "replayed", "selector_for", "verify_bound", "verify_graph"]
+__all__ = ["TRAIN_MODE_CHECK", "AdviceSearch", "CheckResult", "NodeError", "compare",
+           "culprit_node", "float_leaves", "rel_err", "replayed", "selector_for", "verify_bound",
+           "verify_graph"]
+
+# How the report says that the check ran in train mode (passes/verify_output.py); a transformed
+# ExportedProgram with no mode-dependent op drops it (capture/exported.py), as there the note
+# beside it says train and eval compute the same.
+TRAIN_MODE_CHECK = " in train mode (same random draws in every run, buffers restored)"
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from ..progress import quiet_loggers, status
 from .portable import foreign_types, loads_alone, plain, portable_module
 
 __all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",
-           "DeployResult", "export", "preflight"]
+           "DeployResult", "export", "preflight", "sequence_limit"]
 
 FORMATS = ("pt2", "aoti", "onnx")
 """What :func:`export` writes: a ``torch.export`` program, an AOTInductor package, ONNX."""
@@ -284,14 +284,15 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     dims = (0,) * bool(dynamic_batch) + (SEQ,) * bool(dynamic_seq)
     # Dimension 0 alone: transform's own default, "batch"; with the sequence, the same
     # Dim.AUTO spec for dimensions 0 and 1, built on the model's arguments.
+    seq_max, seq_why = sequence_limit(model) if dynamic_seq else (None, None)
     shapes = (None if not dims else BATCH if dims == (0,)
-              else capture_spec(model, args, kwargs, BATCH, dims)[0])
+              else capture_spec(model, args, kwargs, BATCH, dims, seq_max)[0])
     # check=False (--no-check) is the export the user asked for, unchecked: the transform's
     # own check too, unless verify= says otherwise.
     gm = transform(model, dtype, example_inputs=example_inputs, dynamic_shapes=shapes,
                    **{"verify": check, **options})
     timings["transform"] = time.perf_counter() - start
-    spec = capture_spec(gm, args, kwargs, BATCH, dims)[0] if dims else None
+    spec = capture_spec(gm, args, kwargs, BATCH, dims, seq_max)[0] if dims else None
     status("exporting with torch.export", log=True)
     start = time.perf_counter()
     try:
@@ -313,6 +314,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     result = DeployResult(to, dtype, files, gm, _dim_range(ep, 0),
                           seq_range=_dim_range(ep, SEQ) if dynamic_seq else None,
                           timings=timings)
+    if result.seq_range is not None and seq_max is not None:
+        result.notes.append(f"sequence lengths up to {seq_max}: the model's {seq_why}")
     if dynamic_seq and result.seq_range is None:
         result.notes.append(
             "dynamic_seq: no input's dimension 1 became dynamic (the model fixes it, or no "
@@ -741,6 +744,35 @@ def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
             return _floats(model(*args, **kwargs))
     except Exception:  # an op without a low-precision kernel: autocast has no error to show
         return None
+
+
+# Where a model says the longest sequence it takes: transformers' configs (GPT-2's
+# n_positions, most others' max_position_embeddings), nanoGPT's block_size, torchtitan's
+# max_seq_len.
+_SEQ_LIMITS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size", "max_seq_len")
+
+
+def sequence_limit(model: nn.Module) -> tuple[int | None, str | None]:
+    """The longest sequence ``model`` takes, and where that was read (for a note), or
+    ``(None, None)``: its config's limit, else the size of a position-embedding table (an
+    ``nn.Embedding`` whose name says ``pos``). Past it a model fails (GPT-2's position table
+    raises IndexError), so it is the upper bound of a dynamic sequence.
+
+    >>> net = nn.Module()
+    >>> net.pos_emb = nn.Embedding(64, 8)
+    >>> sequence_limit(net)
+    (64, 'position table pos_emb (nn.Embedding(64, ...))')
+    """
+    config = getattr(model, "config", None)
+    for attr in _SEQ_LIMITS:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+            return value, f"config.{attr}"
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
+            return (module.num_embeddings,
+                    f"position table {name} (nn.Embedding({module.num_embeddings}, ...))")
+    return None, None
 
 
 def _dim_range(ep, dim: int) -> tuple[int, float] | None:

@@ -42,7 +42,8 @@ positions, embeddings), made dynamic by ``deploy.export(dynamic_seq=True)``."""
 
 
 def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: object,
-                 dims: Sequence[int] = (0,)) -> tuple[object, dict[str, object]]:
+                 dims: Sequence[int] = (0,), seq_max: int | None = None
+                 ) -> tuple[object, dict[str, object]]:
     """The ``dynamic_shapes`` to capture ``model(*args, **kwargs)`` with (torch.export's form:
     a dict by argument name or a tuple by position), and the arguments by name.
 
@@ -53,6 +54,8 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
     specialises 0 and 1): ``(0,)``, the batch; ``(0, SEQ)`` the sequence too. Dimensions
     marked with ``torch._dynamo.mark_dynamic`` (a capture for new sizes) are added as
     ``Dim.AUTO`` to the batch spec, since dynamo reads no marks when it is given a spec.
+    ``seq_max``: the longest sequence the model takes (its position table's size), the upper
+    bound of the :data:`SEQ` dimensions' ``Dim.AUTO``.
     """
     from torch.export import Dim
 
@@ -73,7 +76,8 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
             return None
         marked = set(getattr(value, "_dynamo_dynamic_indices", ()))
         marked.update(d for d in dims if value.dim() > d and value.shape[d] >= 2)
-        return {d: Dim.AUTO for d in sorted(marked)} or None
+        return {d: Dim.AUTO(max=seq_max) if d == SEQ and seq_max else Dim.AUTO
+                for d in sorted(marked)} or None
 
     spec = {name: pytree.tree_map(auto, value) for name, value in bound.items()}
     if not any(isinstance(leaf, dict) for leaf in pytree.tree_leaves(

@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import fx, nn
 
-from ..capture.verify import verify_graph
+from ..capture.verify import TRAIN_MODE_CHECK, verify_graph
 from ..errors import NotVerifiedWarning
 from ..precision.float8 import check_factor
 from ..precision.report import REPORT_KEY
@@ -73,8 +73,7 @@ class VerifyOutput(Pass):
         # bf16's unit: the whole graph is held to autocast's bf16 error times that.
         errors = verify_graph(self.model, gm, self.example_inputs, self.policy.dtype,
                               looser=check_factor(gm))
-        mode = (" in train mode (same random draws in every run, buffers restored)"
-                if gm.training else "")
+        mode = TRAIN_MODE_CHECK if gm.training else ""
         if rep is not None:
             rep.notes.append(f"verify: output error {errors['error']:.3g} against fp32 "
                              f"(autocast: {errors['autocast_error']:.3g}){mode}")

@@ -28,6 +28,8 @@ import dataclasses
 import functools
 import inspect
 import operator
+import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,8 +79,8 @@ from .failures import (
     user_frame,
 )
 
-__all__ = ["CAPTURE_TOOL", "Capture", "annotate_dynamo_graph", "capture",
-           "capture_model", "check_model", "eager_failure", "model_device"]
+__all__ = ["CAPTURE_TOOL", "Capture", "annotate_dynamo_graph", "capture", "capture_model",
+           "check_model", "eager_failure", "import_compiler", "model_device"]
 
 
 
@@ -578,6 +580,21 @@ def check_model(model: object) -> None:
 
 
 # What the progress line and the report's notes call each capture.
+
+
+def import_compiler() -> float:
+    """Import ``torch._inductor`` (and with it ``torch._dynamo``) if no one has: about 1 s,
+    once per process, that torch spends the first time a capture records its nodes' stack
+    traces (fx's ``create_node`` symbolizes them through it) or dynamo runs. Imported before
+    the capture, so that the report times it apart (``timings["import torch._inductor"]``)
+    instead of counting it as capture. The seconds it took (0.0 once imported)."""
+    if "torch._inductor" in sys.modules:
+        return 0.0
+    start = time.perf_counter()
+    status("importing torch._inductor and torch._dynamo (once per process)")
+    import torch._inductor  # noqa: F401
+
+    return time.perf_counter() - start
 
 
 def capture_model(model: nn.Module, example_inputs: object, policy: Policy

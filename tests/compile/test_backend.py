@@ -358,3 +358,40 @@ def test_parameters_in_another_low_dtype_are_followed_or_warned_about():
     assert len(said) == 1 and "no matmul runs in float16" in said[0]
     text, said, _ = run({"inner": "eager", "dtype": torch.float16})
     assert "graph planned in float16" in text and said == []
+
+
+def test_a_norm_weight_gathered_low_is_read_in_fp32_by_the_fused_kernel():
+    """torchtitan's recipe prints torch's "Mismatch dtype between input and weight ... Cannot
+    dispatch to fused implementation" once (issue 55 item 5): dynamo meets the user's own
+    code, fp32 activations reaching ``nn.RMSNorm`` with its weight gathered in bf16, while
+    tracing. The planned graph casts the weight to fp32 before ``rms_norm`` (an FP32 op), so
+    every call runs the fused kernel: no call after the first warns."""
+    import warnings
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.RMSNorm(16), nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            return self.fc(self.norm(x))
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    block = Block().to(torch.bfloat16)  # the weights as FSDP2 gathers them
+    compiled = torch.compile(block, backend=amprewrite.backend(inner=record, dtype="bf16"))
+    compiled(torch.randn(2, 16))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(torch.randn(2, 16))
+    assert not [w for w in caught if "Mismatch dtype" in str(w.message)]
+    (norm,) = [n for n in graphs[0].graph.nodes if n.target is torch.rms_norm]
+    weight = norm.args[2]
+    assert weight.target == "to" or getattr(weight.target, "__name__", "") == "to"
+    assert torch.float32 in weight.args
+    torch._dynamo.reset()

@@ -33,5 +33,14 @@ def pytest_sessionfinish(session):
     and pytest-xdist's execnet, waiting 5 s for a worker to end, sends it SIGINT: the
     KeyboardInterrupt landed in a garbage-collection callback or a ``__del__``
     (``StorageWeakRef.__del__``) and pytest printed it as an unraisable exception at the end of
-    a green run. Frozen objects are not examined by those collections."""
+    a green run. Frozen objects are not examined by those collections.
+
+    The gloo tests' process server (tests/training/gloo.py) is stopped and waited for, so
+    that the CPU time of the processes it forked counts in this process's children's, as a
+    spawned process's does (``/usr/bin/time`` of the test command)."""
     gc.freeze()
+    import multiprocessing.forkserver
+
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)  # Python 3.9+
+    if stop is not None:
+        stop()

@@ -6,10 +6,11 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 import amprewrite
+
+from .gloo import spawn
 
 STEPS, BATCH = 20, 16
 
@@ -53,8 +54,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch.distributed not built")
 def test_ddp_two_processes_match_each_other_and_single_process(tmp_path):
-    ctx = mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
-                   join=False)
+    ctx = spawn(_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2, join=False)
     deadline = time.monotonic() + 240  # a rank that dies before the rendezvous leaves the
     while not ctx.join(timeout=5):     # other waiting forever: fail instead of hanging CI
         if time.monotonic() > deadline:

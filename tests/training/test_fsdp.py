@@ -7,7 +7,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from .gloo import spawn
 
 STEPS, BATCH, SEQ, VOCAB = 4, 4, 16, 128
 
@@ -85,7 +86,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 
 
 def test_fsdp2_per_block_with_checkpointing_matches_single_process(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     # fp32 master weights, sharded: every parameter a DTensor holding half of it per rank.
     for key, (kind, dtype, shape, local) in r0["params"].items():

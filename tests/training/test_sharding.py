@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from .gloo import spawn
 from .test_fsdp import _data, _model, _train, prepare
 
 pytest.importorskip("transformers")
@@ -95,8 +95,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, steps: int) -> 
 
 
 def _spawn(tmp_path, world: int, steps: int):
-    mp.spawn(_worker, args=(world, str(tmp_path / "init"), str(tmp_path), steps), nprocs=world,
-             join=True)
+    spawn(_worker, (world, str(tmp_path / "init"), str(tmp_path), steps), world)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -261,8 +260,7 @@ def test_float8_all_gather_moves_float8_bytes_on_gloo(tmp_path):
     count_comm moves the float8 buffers as bytes and counts them as float8, half the bytes of
     the bf16 gathers of the same weights; gradients still reduce in fp32."""
     pytest.importorskip("torchao")
-    mp.spawn(_float8_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2,
-             join=True)
+    spawn(_float8_worker, (2, str(tmp_path / "init"), str(tmp_path)), 2)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
     bf16, fp8 = r0["bf16"], r0["float8"]
     assert set(bf16["all_gather"]) == {torch.bfloat16}

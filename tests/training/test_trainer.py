@@ -30,6 +30,7 @@ def _data(ids: torch.Tensor, n: int = 8) -> list[dict]:
 
 
 def _trainer(tmp_path, precision: dict, with_amprewrite: bool, **more):
+    torch._dynamo.reset()  # a fresh compile, whatever earlier tests in this process compiled
     case = overflow.llama()
     settings = {"max_steps": 3, "gradient_accumulation_steps": 2, "save_strategy": "no",
                 **precision, **more}

@@ -33,6 +33,7 @@ from ..graph.runtime import no_enclosing_autocast
 from ..precision.policy import Policy, check_selectors
 from ..precision.ranges import declared_fp32, narrower_than_fp32
 from .block_plans import GraphPlan, across_ranks, spmd_call, this_rank
+from .sharding import gathered_dtype
 
 __all__ = ["amprewrite_backend", "backend"]
 
@@ -129,11 +130,16 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
                      dtype_given: bool):
     annotate_dynamo_graph(gm.graph)
     _check_options(gm, policy)
+    root = _compiled_module()  # None outside a dynamo frame, or for a plain function
+    sharded = gathered_dtype(root) if root is not None else None
+    if not dtype_given and sharded is not None:
+        # amprewrite.fully_shard(dtype=...) (or its mp_policy's param_dtype, torchtitan's
+        # mixed_precision_param) said the dtype: once is enough.
+        policy, dtype_given = dataclasses.replace(policy, dtype=sharded), True
     policy = _agree_with_parameters(example_inputs, policy, dtype_given)
     if policy.device is None:
         devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
         policy = dataclasses.replace(policy, device=devices[0] if devices else None)
-    root = _compiled_module()  # None outside a dynamo frame, or for a plain function
     declared = _declared(gm, example_inputs, root, policy.dtype) if root is not None else None
     # The example inputs are the call's real tensors: their ranges (and float8's checks) are
     # the values' facts. Under dynamic shapes dynamo passes each symbolic size as a SymInt next

@@ -53,7 +53,7 @@ from ..precision.policy import Policy, Selector
 from ..precision.ranges import declared_fp32
 
 __all__ = ["CommBytes", "Float8Gathered", "ParamShard", "ShardingPlan", "count_comm",
-           "dequantized", "float8_gathers", "fully_shard", "sharding_plan"]
+           "dequantized", "float8_gathers", "fully_shard", "gathered_dtype", "sharding_plan"]
 
 # Wrappers whose attribute name is not part of the model's own module paths.
 _WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -193,6 +193,18 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
 
 # The attribute where fully_shard keeps the plan of the call that sharded a module.
 _RECORDED = "_amp_sharding_plan"
+
+
+def gathered_dtype(module: nn.Module) -> torch.dtype | None:
+    """The low dtype :func:`fully_shard` gathers ``module`` in (its ``dtype``, or its
+    ``mp_policy``'s ``param_dtype``), or None where it did not shard ``module``. The backend
+    plans in it when it is given no ``dtype`` of its own, so the dtype is said once.
+
+    >>> gathered_dtype(nn.Linear(2, 2)) is None
+    True
+    """
+    plan = module.__dict__.get(_RECORDED)
+    return plan.dtype if plan is not None else None
 
 
 def _sharded_inside(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -573,7 +585,11 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     # leaf too: FSDP's hooks make its casts.
     sharded = torch_fully_shard(module, mp_policy=_policy(low, plan.leaf and low is not None,
                                                           reduce_dtype), **kwargs)
-    module.__dict__[_RECORDED] = plan  # sharding_plan(module) lists what this call did
+    # sharding_plan(module) lists what this call did; gathered_dtype(module) is its dtype, on
+    # the module a torch.compile wrapper compiles too (the backend finds that one).
+    for m in (module, getattr(module, "_orig_mod", None)):
+        if m is not None:
+            m.__dict__[_RECORDED] = plan
     if leaves and not plan.compiled:
         module.register_forward_pre_hook(_warn_if_compiled(kind))
     if states:

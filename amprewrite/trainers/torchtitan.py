@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -186,10 +187,12 @@ def _install_cpu() -> None:
 
 def __getattr__(name: str) -> Callable[[], object]:
     """torchtitan's config function ``name`` (from any of its model registries), after
-    :func:`install`, with ``compile.backend = "amprewrite"`` where the config says inductor."""
-    if name.startswith("_"):
-        raise AttributeError(name)
-    install()
+    :func:`install`, with ``compile.backend = "amprewrite"`` where the config says inductor.
+    Any other name is an AttributeError, as for a module's missing attribute (tools that probe
+    modules, pytest's collection among them, ask for names of their own)."""
+    if name.startswith("_") or importlib.util.find_spec("torchtitan") is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}"
+                             + ("" if name.startswith("_") else f" ({_INSTALL})"))
     from torchtitan.models import _supported_models
 
     for model in sorted(_supported_models):
@@ -199,6 +202,8 @@ def __getattr__(name: str) -> Callable[[], object]:
             continue
         fn = getattr(registry, name, None)
         if callable(fn):
+            install()
+
             @functools.wraps(fn)
             def config(fn=fn):
                 built = fn()
@@ -208,4 +213,5 @@ def __getattr__(name: str) -> Callable[[], object]:
                 return built
 
             return config
-    raise AttributeError(f"no torchtitan config function named {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}: no torchtitan config "
+                         "function has that name")

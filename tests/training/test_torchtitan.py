@@ -24,7 +24,7 @@ def test_without_torchtitan_install_says_how_to_get_it():
 
     with pytest.raises(PolicyError, match=r"pip install 'torchtitan==0\.3\.\*'"):
         tt.install()
-    with pytest.raises(PolicyError, match="torchtitan is not installed"):
+    with pytest.raises(AttributeError, match="torchtitan is not installed"):
         tt.llama3_debugmodel  # noqa: B018  (the launcher's getattr of a config name)
 
 

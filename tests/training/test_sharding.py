@@ -432,16 +432,21 @@ def _disagreeing_dtypes(rank: int, world: int) -> dict:
     import warnings
 
     from torch import nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import amprewrite
 
     out = {}
-    for given in (None, torch.bfloat16):
+    for given in (None, torch.bfloat16, "mp_policy"):
         torch.manual_seed(0)
         block = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
-        options = {"inner": "eager", **({"dtype": given} if given else {})}
+        options = {"inner": "eager", **({"dtype": given} if given == torch.bfloat16 else {})}
         block = torch.compile(block, backend="amprewrite", options=options)
-        amprewrite.fully_shard(block, dtype=torch.float16)
+        if given == "mp_policy":  # torchtitan's way: its mixed_precision_param as param_dtype
+            amprewrite.fully_shard(block, mp_policy=MixedPrecisionPolicy(
+                param_dtype=torch.float16, reduce_dtype=torch.float32))
+        else:
+            amprewrite.fully_shard(block, dtype=torch.float16)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             block(torch.randn(4, 16)).float().sum().backward()
@@ -453,8 +458,9 @@ def _disagreeing_dtypes(rank: int, world: int) -> dict:
 
 
 def test_fully_shard_and_backend_dtypes_that_disagree_are_said(tmp_path):
-    """``fully_shard(block, dtype=fp16)`` with the backend at its default dtype: the plan is
-    fully_shard's fp16, the dtype said once (it planned bf16 with a conversion of every weight,
+    """``fully_shard(block, dtype=fp16)`` (or torchtitan's ``mp_policy`` with an fp16
+    ``param_dtype``) with the backend at its default dtype: the plan is fully_shard's fp16, the
+    dtype said once (it planned bf16 with a conversion of every weight,
     silently). With bf16 given to the backend as well: bf16 is kept and a warning says that
     every weight is converted (issue 55 item 1)."""
     from .gloo import on_ranks
@@ -463,6 +469,7 @@ def test_fully_shard_and_backend_dtypes_that_disagree_are_said(tmp_path):
     assert r0 == r1
     left = r0["None"]
     assert left["dtype"] == "float16" and left["warnings"] == []
+    assert r0["mp_policy"] == left
     given = r0["torch.bfloat16"]
     assert given["dtype"] == "bfloat16"
     assert len(given["warnings"]) == 1

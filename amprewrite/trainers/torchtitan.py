@@ -188,6 +188,9 @@ def _install_cpu() -> None:
 def __getattr__(name: str) -> Callable[[], object]:
     """torchtitan's config function ``name`` (from any of its model registries), after
     :func:`install`, with ``compile.backend = "amprewrite"`` where the config says inductor.
+    ``NAME_float16`` (``_bfloat16``, ``_float32``) is torchtitan's ``NAME`` with
+    ``training.mixed_precision_param`` set so: torchtitan 0.3's command line accepts only
+    bfloat16 and float32 there, its config and its FSDP policy take float16 too.
     Any other name is an AttributeError, as for a module's missing attribute (tools that probe
     modules, pytest's collection among them, ask for names of their own)."""
     if name.startswith("_") or importlib.util.find_spec("torchtitan") is None:
@@ -195,21 +198,28 @@ def __getattr__(name: str) -> Callable[[], object]:
                              + ("" if name.startswith("_") else f" ({_INSTALL})"))
     from torchtitan.models import _supported_models
 
+    base, param = name, None
+    for dtype in ("float16", "bfloat16", "float32"):
+        if name.endswith("_" + dtype):
+            base, param = name[: -len(dtype) - 1], dtype
     for model in sorted(_supported_models):
         try:
             registry = importlib.import_module(f"torchtitan.models.{model}.config_registry")
         except ImportError:
             continue
-        fn = getattr(registry, name, None)
+        fn = getattr(registry, name, None) or getattr(registry, base, None)
         if callable(fn):
             install()
+            param = None if getattr(registry, name, None) is not None else param
 
             @functools.wraps(fn)
-            def config(fn=fn):
+            def config(fn=fn, param=param):
                 built = fn()
                 compile_config = getattr(built, "compile", None)
                 if compile_config is not None and compile_config.backend == "inductor":
                     compile_config.backend = "amprewrite"
+                if param is not None:  # NAME_float16: the command line offers no float16
+                    built.training.mixed_precision_param = param
                 return built
 
             return config

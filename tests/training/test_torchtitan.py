@@ -52,13 +52,16 @@ def test_the_config_module_hands_torchtitans_configs_over_with_the_backend():
 
     config = tt.llama3_debugmodel()
     assert config.compile.backend == "amprewrite"
+    assert config.training.mixed_precision_param == "bfloat16"
+    # the command line offers no float16: NAME_float16 is NAME with it
+    assert tt.llama3_debugmodel_float16().training.mixed_precision_param == "float16"
     with pytest.raises(AttributeError, match="no torchtitan config function"):
         tt.no_such_config  # noqa: B018
 
 
 LAUNCH = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "torchtitan.train",
-          "--module", "amprewrite.trainers.torchtitan", "--config", "llama3_debugmodel",
-          "--compile.enable", "--compile.backend", "amprewrite-eager", "--training.steps", "3",
+          "--module", "amprewrite.trainers.torchtitan", "--compile.enable",
+          "--compile.backend", "amprewrite-eager", "--training.steps", "3",
           "--training.seq_len", "64", "--training.local_batch_size", "2",
           "--parallelism.spmd_backend", "partial_dtensor", "--debug.seed", "0"]
 
@@ -66,10 +69,12 @@ LAUNCH = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "torchti
 @pytest.mark.skipif(not HAVE_TORCHTITAN or not os.environ.get("TORCHTITAN_ASSETS"),
                     reason="needs torchtitan 0.3 and TORCHTITAN_ASSETS: a folder holding "
                     "torchtitan's tests/assets (c4_test, tokenizer)")
-def test_torchtitans_launcher_trains_with_the_plan():
+@pytest.mark.parametrize("config", ["llama3_debugmodel", "llama3_debugmodel_float16"])
+def test_torchtitans_launcher_trains_with_the_plan(config):
     """``torchrun -m torchtitan.train --module amprewrite.trainers.torchtitan`` on 2 gloo
-    processes: it trains (finite, falling losses)."""
-    done = subprocess.run([sys.executable, *LAUNCH], cwd=Path(os.environ["TORCHTITAN_ASSETS"]),
+    processes, bf16 and fp16: it trains (finite, falling losses)."""
+    done = subprocess.run([sys.executable, *LAUNCH, "--config", config],
+                          cwd=Path(os.environ["TORCHTITAN_ASSETS"]),
                           env={**os.environ, "AMPREWRITE_TORCHTITAN_CPU": "1"},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -3,7 +3,9 @@
 torchtitan names a config registry by module path (``--module``), so this module is one: it
 holds every config function of torchtitan's own registries (``llama3_debugmodel``,
 ``llama3_8b``, ...), built as torchtitan builds it, after :func:`install` and with
-``compile.backend = "amprewrite"``::
+``compile.backend = "amprewrite"`` (and ``NAME_float16``: ``NAME`` with
+``training.mixed_precision_param = "float16"``, which torchtitan's command line does not
+offer)::
 
     torchrun --nproc_per_node 8 -m torchtitan.train \\
         --module amprewrite.trainers.torchtitan --config llama3_8b --compile.enable

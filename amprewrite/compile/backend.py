@@ -118,7 +118,7 @@ def _check_options(gm: fx.GraphModule, policy: Policy) -> None:
 
 
 def _compile(gm: fx.GraphModule, example_inputs: list, policy: Policy, inner: Inner,
-             dtype_given: bool = True):
+             dtype_given: bool):
     # A compile inside an enclosing autocast (a trainer's) records ranges, checks float8 and
     # traces the inner backend in fp32's state: the graph's own guard keeps autocast off when
     # it runs, and an inner compiler tracing it must not bake autocast's casts in either.
@@ -179,8 +179,7 @@ def _agree_with_parameters(example_inputs: list, policy: Policy, dtype_given: bo
     (theirs,) = low
     ours, shown = policy.dtype, str(theirs).replace("torch.", "")
     where = ("the compiled module's parameters arrive in " + shown + " (FSDP2 gathers them in "
-             "its param_dtype: amprewrite.fully_shard(..., dtype=...) or its mp_policy; or the "
-             "model was cast)")
+             "its param_dtype, or the model was cast)")
     if not dtype_given:
         warnings.warn(
             f"amprewrite backend: {where}, and the backend was given no dtype (default "
@@ -192,7 +191,7 @@ def _agree_with_parameters(example_inputs: list, policy: Policy, dtype_given: bo
         f"amprewrite backend: {where}, but the backend plans "
         f"{str(ours).replace('torch.', '')} (its dtype option): each weight is converted to "
         f"it in the graph and no matmul runs in {shown}. Give fully_shard (or the model) and "
-        "the backend the same dtype.", stacklevel=2)
+        "the backend the same dtype, or leave the backend's dtype out.", stacklevel=2)
     return policy
 
 

@@ -171,12 +171,12 @@ def sharding_plan(module: nn.Module, dtype: torch.dtype | str = torch.bfloat16,
     :func:`fully_shard` call with that call's plan (its groups named by their path from
     ``module``), and ``module`` itself, once sharded, with its own call's plan; the other
     arguments describe only what is not sharded yet."""
-    plan = getattr(module, _RECORDED, None)
+    plan = _recorded(module)
     if plan is None:
         plan = _plan(module, dtype, keep_fp32, ignored_params, fp8, compiled)
     plan = dataclasses.replace(plan, params=dict(plan.params), notes=list(plan.notes))
     for path, child in _sharded_inside(module):
-        recorded = sharding_plan(child) if hasattr(child, _RECORDED) else None
+        recorded = sharding_plan(child) if _recorded(child) is not None else None
         for p in (recorded.params.values() if recorded is not None else ()):
             name = f"{path}.{p.name}"
             group = f"{path}.{p.group}" if p.group else path
@@ -203,8 +203,13 @@ def gathered_dtype(module: nn.Module) -> torch.dtype | None:
     >>> gathered_dtype(nn.Linear(2, 2)) is None
     True
     """
-    plan = module.__dict__.get(_RECORDED)
+    plan = _recorded(module)
     return plan.dtype if plan is not None else None
+
+
+def _recorded(module: nn.Module) -> ShardingPlan | None:
+    """The plan of the fully_shard call that sharded ``module`` (None: no such call)."""
+    return module.__dict__.get(_RECORDED)
 
 
 def _sharded_inside(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -213,7 +218,8 @@ def _sharded_inside(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     def walk(path: str, m: nn.Module) -> Iterator[tuple[str, nn.Module]]:
         for name, child in m.named_children():
             at = f"{path}.{name}" if path else name
-            if _is_sharded(child) and (hasattr(child, _RECORDED) or not _made_by(module, at)):
+            if _is_sharded(child) and (_recorded(child) is not None
+                                       or not _made_by(module, at)):
                 yield _clean(at), child
             else:
                 yield from walk(at, child)
@@ -222,7 +228,7 @@ def _sharded_inside(module: nn.Module) -> Iterator[tuple[str, nn.Module]]:
 
 def _made_by(module: nn.Module, path: str) -> bool:
     """Whether the group at ``path`` is a leaf group of ``module``'s own recorded call."""
-    recorded = getattr(module, _RECORDED, None)
+    recorded = _recorded(module)
     return recorded is not None and any(p.group == path for p in recorded.params.values())
 
 

@@ -157,11 +157,12 @@ class PaintPrecision(Pass):
         # What a declaration or a range took, for allow_low to give back: node -> (class, why).
         self._taken: dict[fx.Node, tuple[Precision, str]] = {}
         self._strict: set[fx.Node] = set()  # declared by _keep_in_fp32_modules_strict
-        if self.declared is None and self.model is not None:
-            self.declared = {name: (attr, name)
-                             for name, attr in declared_fp32(self.model, low).items()}
-        if self.declared:
-            self._declarations(gm)
+        declared = self.declared
+        if declared is None and self.model is not None:
+            declared = {name: (attr, name)
+                        for name, attr in declared_fp32(self.model, low).items()}
+        if declared:
+            self._declarations(gm, declared)
         self._ranges(gm, low)
         if self.policy.keep_fp32 or self.policy.allow_low:
             for node in M.each_node(gm.graph):
@@ -306,11 +307,11 @@ class PaintPrecision(Pass):
                 node.meta[M.REASON] = ("computed from parameters and buffers only (no input "
                                        "reaches it): fp32, its cost does not grow with the batch")
 
-    def _declarations(self, gm: fx.GraphModule) -> None:
+    def _declarations(self, gm: fx.GraphModule,
+                      declared: dict[str, tuple[str, str]]) -> None:
         """Ops that read a declared parameter (or a view of one) compute in FP32: what
         transformers' ``from_pretrained(dtype=...)`` gives by loading it fp32 (T5's ``wo`` in
         fp16, a MoE router's gate in bf16 too)."""
-        declared = self.declared or {}
         for node in gm.graph.nodes:
             found = (declared.get(str(node.target)) if node.op in ("get_attr", "placeholder")
                      else None)

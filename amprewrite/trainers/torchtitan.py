@@ -42,7 +42,7 @@ __all__ = ["SUPPORTED", "install"]
 SUPPORTED = ((0, 3),)
 _INSTALL = ("torchtitan is not installed: pip install 'torchtitan==0.3.*' (it pulls in "
             "packages that conflict with some environments: a venv of its own is safest).")
-_installed: set[bool] = set()
+_installed = {"common": False, "cpu": False}  # what install() has done in this process
 
 
 def _version() -> tuple[int, int]:
@@ -75,12 +75,12 @@ def install(*, cpu: bool | None = None) -> None:
             f"{SUPPORTED[-1][1]}.*'), or shard with amprewrite.fully_shard and compile with "
             "backend='amprewrite' in your own parallelize function.")
     cpu = os.environ.get("AMPREWRITE_TORCHTITAN_CPU", "") not in ("", "0") if cpu is None else cpu
-    if False not in _installed:
+    if not _installed["common"]:
         _install_common()
-        _installed.add(False)
-    if cpu and True not in _installed:
+        _installed["common"] = True
+    if cpu and not _installed["cpu"]:
         _install_cpu()
-        _installed.add(True)
+        _installed["cpu"] = True
 
 
 def _install_common() -> None:
@@ -114,14 +114,11 @@ def _install_common() -> None:
             register_backend(backend(inner=inner), name=f"amprewrite-{inner}")
 
 
-_force_sum = False
-
-
 def _sharding(fully_shard: Callable) -> Callable:
     @functools.wraps(fully_shard)
     def shard(module, *args, **kwargs):
         out = fully_shard(module, *args, **kwargs)
-        if _force_sum:
+        if _installed["cpu"]:
             for m in (module if isinstance(module, list) else [module]):
                 if hasattr(m, "set_force_sum_reduction_for_comms"):
                     m.set_force_sum_reduction_for_comms(True)
@@ -167,11 +164,9 @@ class _CpuDevice:
 
 
 def _install_cpu() -> None:
-    global _force_sum
     import torch.nn.attention.flex_attention as fa
     import torchtitan.tools.utils as tt_utils
 
-    _force_sum = True
     device = _CpuDevice()
     tt_utils.device_type, tt_utils.device_module = "cpu", device
     for name, mod in list(sys.modules.items()):
@@ -209,10 +204,13 @@ def __getattr__(name: str) -> Callable[[], object]:
             registry = importlib.import_module(f"torchtitan.models.{model}.config_registry")
         except ImportError:
             continue
-        fn = getattr(registry, name, None) or getattr(registry, base, None)
+        fn = getattr(registry, name, None)
+        if fn is None and param is not None:  # NAME_float16: torchtitan's NAME, set so
+            fn = getattr(registry, base, None)
+        else:
+            param = None
         if callable(fn):
             install()
-            param = None if getattr(registry, name, None) is not None else param
 
             @functools.wraps(fn)
             def config(fn=fn, param=param):

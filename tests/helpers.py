@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -296,6 +297,19 @@ def run_cli(capsys, *args: object) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in args])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_in_process(*args: object, cwd=None) -> subprocess.CompletedProcess:
+    """``amprewrite ARGS`` run by ``cli.main`` in this process, in the folder ``cwd``, its
+    output caught as a process's would be: a ``CompletedProcess`` with the exit code, stdout and
+    stderr (no terminal: the progress lines are plain, as off a terminal)."""
+    from amprewrite import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def cli_process(*args: object, cwd=None) -> subprocess.Popen:

@@ -1,4 +1,7 @@
-"""The command line, run as a user runs it: in a subprocess, against examples/cli_models.py."""
+"""The command line against examples/cli_models.py: in this process where what is tested is the
+command's work and its output (``cli.main`` parses the flags as the command does), in a
+process of its own where the process is what is tested (the closed pipe, Ctrl-C, atexit, what
+importing the command imports, the installed entry point)."""
 
 import json
 import os
@@ -16,7 +19,7 @@ import torch
 import amprewrite
 from amprewrite import cli
 
-from .helpers import cli_process, run_cli
+from .helpers import cli_process, run_cli, run_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "cli_models.py"
@@ -24,7 +27,15 @@ sys.path.insert(0, str(ROOT / "examples"))
 import cli_models  # noqa: E402
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(*args: str) -> subprocess.CompletedProcess:
+    """``amprewrite ARGS`` in this process, from the repository's root as the user's folder: the
+    exit code and what it printed, as a process would give them back (each command started as
+    a process spent 2-4 s of CPU importing torch again)."""
+    return run_in_process(*args, cwd=ROOT)
+
+
+def process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m amprewrite.cli ARGS`` in a process of its own."""
     return subprocess.run([sys.executable, "-m", "amprewrite.cli", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
 

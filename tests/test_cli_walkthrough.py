@@ -1,7 +1,8 @@
 """The command line and API as a new user meets them (issue 26): progress on long steps, honest
 endings, advice in the interface in use, Ctrl-C, checked inputs, whole names, docs that match
 ``--help``. One section per numbered item of the issue; most run ``cli.main`` in-process (the
-subprocess tests in test_cli.py already cover the entry point) and read what it printed."""
+process tests in test_cli.py and test_docs.py's demo command cover the entry point) and read
+what it printed."""
 
 from __future__ import annotations
 
@@ -140,11 +141,10 @@ def test_demo_and_check_fix_log_their_steps_off_a_terminal(capsys, tmp_path):
     assert code == 0, out
     assert "amprewrite: [3/4] searching for nodes to keep in fp32: round 1:" in err
     assert "amprewrite: [4/4] checking with 1 node kept in fp32" in err
-    done = subprocess.run([sys.executable, "-m", "amprewrite.cli", "demo"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    code, _, err = run_cli(capsys, "demo")
+    assert code == 0, err
     # The first line comes before any model work, so `amprewrite demo` shows life at once.
-    assert done.stderr.splitlines()[0] == "amprewrite: [1/3] building the demo model"
+    assert err.splitlines()[0] == "amprewrite: [1/3] building the demo model"
 
 
 def test_svg_timeout_names_the_time_and_the_graph_size(capsys, tmp_path, monkeypatch):

@@ -19,6 +19,8 @@ from amprewrite.cli.flags import cli_wording
 from amprewrite.deploy import export as deploy
 from amprewrite.deploy.portable import plain
 
+from ..helpers import run_in_process
+
 tf = pytest.importorskip("transformers")
 
 # bf16 keeps 8 bits: a value a few roundings from fp32 (keys and values are one linear from the
@@ -190,9 +192,7 @@ def test_cli_dump_of_a_default_config_model(tmp_path):
                              bos_token_id=0, eos_token_id=0)
             return GPT2LMHeadModel(cfg).eval(), (torch.randint(0, 256, (2, 12)),)
     """))
-    done = subprocess.run([sys.executable, "-m", "amprewrite.cli", "dump", f"{models}:gpt2",
-                           "--out", str(tmp_path / "out"), "--format", "text"],
-                          capture_output=True, text=True, timeout=600)
+    done = run_in_process("dump", f"{models}:gpt2", "--out", tmp_path / "out", "--format", "text")
     assert done.returncode == 0, done.stderr
     after = (tmp_path / "out" / "after.py").read_text()
     returned = re.search(r"return pytree\.tree_unflatten\(\[(.*?)\]", after)

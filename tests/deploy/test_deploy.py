@@ -19,6 +19,8 @@ from amprewrite.cli.target import load_target
 from amprewrite.deploy import export as deploy
 from amprewrite.show.numerics import rel_err
 
+from ..helpers import run_in_process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = '''
@@ -70,9 +72,9 @@ def models(tmp_path_factory) -> Path:
     return path
 
 
-def run(*args: object, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "amprewrite.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def run(*args: object) -> subprocess.CompletedProcess:
+    """``amprewrite ARGS`` in this process (tests/test_cli.py runs the command's process)."""
+    return run_in_process(*args, cwd=ROOT)
 
 
 def errors_of(stderr: str) -> list[str]:

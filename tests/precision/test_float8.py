@@ -64,9 +64,11 @@ def test_linear_is_torchaos_float8_linear_bit_for_bit(recipe):
 
 def test_e4m3_error_is_16x_bf16s_on_ordinary_and_outlier_channel_inputs():
     # E4M3_VS_BF16 and the bound rest on this: e4m3's 3 mantissa bits against bf16's 7.
+    # 128 rows (ratios 16.0, 15.1, 15.3 at seed 0): CPU's tensorwise _scaled_mm (0-dim scales)
+    # takes about 1 s per 128 rows of this matmul in torch 2.13, where rowwise takes 3 ms.
     torch.manual_seed(0)
     for outlier in (1.0, 1e3, 1e5):
-        x = torch.randn(512, 256)
+        x = torch.randn(128, 256)
         x[:, 3] *= outlier
         w = torch.randn(256, 256) * 0.02
         e_low, e_fp8 = errors(x.bfloat16(), w, None, "tensorwise")
@@ -388,18 +390,13 @@ def test_deploy_pt2_and_aoti_take_fp8_graphs_onnx_says_why_not(tmp_path, to):
 
 
 def test_cli_fp8_flags(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
+    from ..helpers import run_in_process
 
-    root = Path(__file__).resolve().parents[2]
     models = tmp_path / "m.py"
     models.write_text("import torch\n\ndef mlp():\n    return torch.nn.Sequential(torch.nn.Linear("
                       "64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).eval()\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "amprewrite.cli", "dump", f"{models}:mlp", "--inputs", "4x16x64",
-         "--fp8", "rowwise", "--fp8-any-size", "--out", str(tmp_path / "out"),
-         "--format", "text"], capture_output=True, text=True, timeout=300, cwd=root)
+    done = run_in_process("dump", f"{models}:mlp", "--inputs", "4x16x64", "--fp8", "rowwise",
+                          "--fp8-any-size", "--out", tmp_path / "out", "--format", "text")
     assert done.returncode == 0, done.stderr
     report = (tmp_path / "out" / "report.txt").read_text()
     assert "float8: 2 of 2 linears" in report

@@ -7,7 +7,6 @@ The overflow cases are amprewrite.testing.overflow's: models whose fp32 values p
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from amprewrite.precision.ranges import range_limit
 from amprewrite.testing import overflow
 from amprewrite.testing.zoo import call
 
-from ..helpers import unchanged
+from ..helpers import run_in_process, unchanged
 
 FAST = ["t5_ff", "scores", "residual"]
 REAL = ["gpt2", "llama", "t5"]
@@ -443,8 +442,7 @@ def batches():
 
 
 def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "amprewrite.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    return run_in_process(*args, cwd=cwd)
 
 
 def test_cli_check_fixes_overflow_and_calibration_widens_ranges(tmp_path):

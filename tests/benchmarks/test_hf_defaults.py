@@ -104,7 +104,10 @@ def unregistered_caches():
             register_pytree_node(cls)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# t5 and bart slow (7-8 s each): llama and gpt2 in the default run, and the seq2seq caches
+# there through test_generation.py's default-config T5.
+@pytest.mark.parametrize("name", [n if n in ("llama", "gpt2") else
+                                  pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
 def test_default_config_transforms_and_the_graph_returns_a_working_cache(name,
                                                                           unregistered_caches):
     model = _model(name)

@@ -78,7 +78,7 @@ def _default_config_model(name):
     return tf.BartForConditionalGeneration(cfg).eval()
 
 
-@pytest.mark.parametrize("name", ["gpt2", "t5", "bart"])
+@pytest.mark.parametrize("name", ["gpt2", "t5", pytest.param("bart", marks=pytest.mark.slow)])
 def test_default_config_causal_and_seq2seq_models_generate_as_autocast(name):
     model = _default_config_model(name)
     assert model.config.use_cache

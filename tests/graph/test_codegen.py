@@ -46,7 +46,8 @@ def test_transformed_stack_is_written_as_fx_writes_it(dtype, train):
     _same(gm.graph)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16,
+                                   pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_dynamo_graph_is_written_as_fx_writes_it(dtype):
     """A dynamo capture: pytree codegen (flatten in, unflatten out), HF attention, masks."""
     model, inputs = zoo.gpt2()

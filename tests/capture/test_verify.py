@@ -213,3 +213,45 @@ def test_verify_false_is_a_choice_and_stays_quiet():
         warnings.simplefilter("error", NotVerifiedWarning)
         gm = amprewrite.transform(model, torch.bfloat16, verify=False)
     assert not [n for n in amprewrite.report(gm).notes if n.startswith("verify")]
+
+
+class _LogOfPositions(nn.Module):
+    """T5's relative-position buckets in small: ``log`` of the distances, -inf at distance 0 in
+    fp32 as in the graph, then clamped to a finite bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        distance = torch.arange(8, device=x.device).float()
+        bucket = torch.log(distance / 2).clamp(min=0)  # log(0) = -inf, clamped away
+        return self.fc(x) + bucket
+
+
+def test_a_value_fp32_also_makes_infinite_is_no_error_and_not_the_first_non_finite_node():
+    """check (and --fix) read a node that holds the same -inf as fp32 as agreeing with fp32:
+    its error is over the other elements (it read inf, and was the "first non-finite node"
+    that --fix would try to move)."""
+    torch.manual_seed(0)
+    model, x = _LogOfPositions().eval(), torch.randn(4, 8)
+    result = check_numerics(model, (x,), torch.bfloat16)
+    logs = [r for r in result.nodes if r.family == "log"]
+    assert logs and all(not r.finite for r in logs)  # it is -inf, in fp32 as here
+    assert all(r.rel_err is not None and r.rel_err < 2.0**-7 for r in logs), logs
+    assert result.first_nonfinite is None and result.passed(1e-2)
+    assert all(r.rel_err is not None and r.rel_err < 1e-2 for r in result.nodes
+               if r.rel_err is not None)
+
+
+def test_a_node_non_finite_only_in_low_precision_is_still_named():
+    """fp16 overflow inside the graph (fp32 stays finite): the node's error is inf and it is
+    the first non-finite node, as before."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    with torch.no_grad():
+        model[0].weight.fill_(1e3)
+    x = torch.full((2, 8), 1e2)
+    result = check_numerics(model, (x,), torch.float16, allow_low=["0", "2"])
+    assert result.first_nonfinite is not None
+    bad = {r.node: r for r in result.nodes}[result.first_nonfinite.node]
+    assert not bad.finite and (bad.rel_err is None or bad.rel_err == float("inf"))

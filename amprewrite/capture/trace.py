@@ -23,6 +23,8 @@ with non-strict export whatever ``method`` says: dynamo cannot trace those funct
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import functools
@@ -614,6 +616,49 @@ def capture_model(model: nn.Module, example_inputs: object, policy: Policy
     return captured, policy
 
 
+# Within keep_captured(): (model, example_inputs) -> (model, inputs, an untouched copy of the
+# graph captured for them). Held for one call that captures a model and then needs its fp32
+# graph again (check_numerics: the transform's capture, then the fp32 reference).
+_CAPTURED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("amp_captured",
+                                                                       default=None)
+
+
+@contextlib.contextmanager
+def keep_captured():
+    """Within it, each capture on example inputs also keeps a copy of its graph as captured,
+    before any pass: :func:`captured_again` hands it back for the same model and inputs
+    instead of capturing them a second time (for a 2-layer T5 a capture is ~5 s of CPU)."""
+    token = _CAPTURED.set({})
+    try:
+        yield
+    finally:
+        _CAPTURED.reset(token)
+
+
+def captured_again(model: nn.Module, example_inputs: object) -> fx.GraphModule | None:
+    """The graph a capture inside :func:`keep_captured` made for these very objects, as it was
+    captured (a GraphModule of its own over the same tensors); None where there was none."""
+    kept = (_CAPTURED.get() or {}).get((id(model), id(example_inputs)))
+    return None if kept is None else kept[2]
+
+
+def _keep(model: nn.Module, example_inputs: object, gm: fx.GraphModule) -> None:
+    kept = _CAPTURED.get()
+    if kept is None or any(_holds_tensors(gm.get_submodule(str(n.target)))
+                           for n in gm.graph.nodes if n.op == "call_module"):
+        return  # a pass may change a called submodule in place: that graph is captured again
+    # The copy's own Graph (nodes, their meta dicts) and module tree, the same tensors: the
+    # passes change the original's graph and attributes, never a tensor in place.
+    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    graph.output(graph.graph_copy(gm.graph, {}))
+    graph._codegen = gm.graph._codegen  # the pytree specs in and out, as they are (no copy)
+    kept[(id(model), id(example_inputs))] = (model, example_inputs, fx.GraphModule(gm, graph))
+
+
+def _holds_tensors(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
+
+
 def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: object = BATCH,
             method: str = "dynamo") -> Capture:
     """Capture ``model``: symbolic trace without example inputs; with them, ``method``
@@ -629,5 +674,6 @@ def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: obj
             # Its forward flattens and unflattens them in Python that dynamo cannot trace;
             # non-strict export runs that Python as it is (the graph is ATen-level either way).
             method = "export"
-        return Capture(_with_inputs(model, args, kwargs, dynamic_shapes, method), method,
-                       model.training)
+        gm = _with_inputs(model, args, kwargs, dynamic_shapes, method)
+        _keep(model, example_inputs, gm)
+        return Capture(gm, method, model.training)

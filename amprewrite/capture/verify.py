@@ -31,7 +31,7 @@ from ..graph.shapes import split_inputs
 from ..precision.ops import MASK_DRAWS, Precision
 from ..precision.policy import Policy
 from ..progress import status
-from .trace import capture
+from .trace import capture, captured_again
 
 __all__ = ["TRAIN_MODE_CHECK", "AdviceSearch", "CheckResult", "NodeError", "compare",
            "culprit_node", "float_leaves", "rel_err", "replayed", "selector_for", "verify_bound",
@@ -297,7 +297,9 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
     """
     inputs = example_inputs
     policy = gm.meta.get(M.POLICY_KEY)  # capture the reference as gm was captured: same names
-    ref_gm = capture(model, inputs, method=getattr(policy, "capture", "dynamo")).gm
+    ref_gm = captured_again(model, inputs)  # gm's own capture, inside keep_captured()
+    if ref_gm is None:
+        ref_gm = capture(model, inputs, method=getattr(policy, "capture", "dynamo")).gm
     with replayed(model, ref_gm, gm) as run:
         reference: dict[str, torch.Tensor] = run(_record, ref_gm, inputs)
         values: dict[str, torch.Tensor] = run(_record, gm, inputs)

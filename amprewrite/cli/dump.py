@@ -49,7 +49,7 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
     import difflib
 
     from ..api import transform_with
-    from ..capture.trace import capture
+    from ..capture.trace import capture, keep_captured
     from ..precision.report import report
     from ..show.html import report_page
     from ..show.numerics import check_numerics
@@ -66,20 +66,21 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
         files[name].write_text(text)
 
     steps.step("capturing the graph before")
-    before = attempt("capturing", lambda: capture(model, inputs).gm, target)
     passes: list[tuple[str, str]] = []
-    if after is None:
-        steps.step("capturing again and running the passes")
-        after = attempt("transforming", lambda: transform_with(
-            model, policy, inputs, on_pass=(lambda n, g: passes.append((n, g.code)))
-            if per_pass else None), target)
+    with keep_captured():  # the check's fp32 reference: the transform's capture, not a third
+        before = attempt("capturing", lambda: capture(model, inputs).gm, target)
+        if after is None:
+            steps.step("capturing again and running the passes")
+            after = attempt("transforming", lambda: transform_with(
+                model, policy, inputs, on_pass=(lambda n, g: passes.append((n, g.code)))
+                if per_pass else None), target)
+        result = None
+        if check:
+            steps.step("running fp32 and transformed for the per-node error")
+            result = attempt("checking", lambda: check_numerics(model, inputs, policy.dtype,
+                                                                 gm=after), target)
     rep = report(after)
     rewritten = rewritten_nodes(after)
-    result = None
-    if check:
-        steps.step("running fp32 and transformed for the per-node error")
-        result = attempt("checking", lambda: check_numerics(model, inputs, policy.dtype,
-                                                             gm=after), target)
     steps.step("writing files")
     nodes = max(len(before.graph.nodes), len(after.graph.nodes))
     if formats is None:

@@ -157,13 +157,16 @@ def prepare(model: torch.nn.Module, example_inputs: object = None, dtype=torch.b
     Explorer files into ``out`` and return them. Without ``out`` they go to a new temporary
     folder that the caller removes (:func:`explore` does when the server stops)."""
     from ..api import transform
-    from ..capture.trace import capture
+    from ..capture.trace import capture, captured_again, keep_captured
     from .numerics import check_numerics
     options.setdefault("verify", False)
-    before = capture(model, example_inputs).gm
-    after = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
-    result = (check_numerics(model, example_inputs, dtype, gm=after)
-              if check and example_inputs is not None else None)
+    with keep_captured():  # the graph before and the check's reference: the transform's capture
+        after = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
+        before = captured_again(model, example_inputs)
+        if before is None:
+            before = capture(model, example_inputs).gm
+        result = (check_numerics(model, example_inputs, dtype, gm=after)
+                  if check and example_inputs is not None else None)
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="amprewrite-me-"))
     return write_model_explorer(folder, before, after, None, result,
                                 label=type(model).__name__)

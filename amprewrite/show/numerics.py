@@ -14,6 +14,7 @@ import torch
 from torch import fx, nn
 
 from ..api import transform
+from ..capture.trace import keep_captured
 from ..capture.verify import (
     CheckResult,
     NodeError,
@@ -41,10 +42,12 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
     with equal dropout masks; buffers (BatchNorm statistics) are restored after each run, so
     ``model`` ends as it began.
     """
-    if gm is None:
-        options.setdefault("verify", False)  # measuring the error is this function's job
+    if gm is not None:
+        return compare(model, gm, example_inputs)
+    options.setdefault("verify", False)  # measuring the error is this function's job
+    with keep_captured():  # the fp32 reference is the graph the transform captured
         gm = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
-    return compare(model, gm, example_inputs)
+        return compare(model, gm, example_inputs)
 
 
 def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2,
@@ -66,8 +69,9 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     options.setdefault("verify", False)  # the search starts from graphs that fail
     for k in range(max_nodes + 1):
         status(f"round {k + 1}: {len(keep)} nodes kept in fp32", log=True)
-        gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)
-        result = check_numerics(model, inputs, dtype, gm=gm)
+        with keep_captured():  # one capture a round: the transform's is the fp32 reference
+            gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)
+            result = check_numerics(model, inputs, dtype, gm=gm)
         if result.passed(rtol):
             return keep
         node = culprit_node(gm, result, {k[5:] for k in keep if isinstance(k, str)})

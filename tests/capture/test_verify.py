@@ -255,3 +255,41 @@ def test_a_node_non_finite_only_in_low_precision_is_still_named():
     assert result.first_nonfinite is not None
     bad = {r.node: r for r in result.nodes}[result.first_nonfinite.node]
     assert not bad.finite and (bad.rel_err is None or bad.rel_err == float("inf"))
+
+
+def test_check_numerics_captures_once_and_its_reference_is_that_capture(monkeypatch):
+    """The fp32 reference graph is the one the transform captured (kept before its passes),
+    not a second capture: one capture for check_numerics, one per round of find_fp32_nodes;
+    the per-node errors equal those against a capture of its own."""
+    from amprewrite.capture import trace
+    from amprewrite.capture.verify import compare
+
+    captures = []
+    real = trace._with_inputs
+
+    def counted(*args, **kwargs):
+        captures.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trace, "_with_inputs", counted)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 8))
+    x = (torch.randn(4, 8),)
+    with unchanged(model):
+        result = check_numerics(model, x, torch.bfloat16)
+    assert len(captures) == 1
+    captures.clear()
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=x, verify=False)
+    alone = compare(model, gm, x)  # outside keep_captured: the reference captured afresh
+    assert len(captures) == 2
+    assert [(r.node, r.rel_err) for r in alone.nodes] == [(r.node, r.rel_err)
+                                                          for r in result.nodes]
+    assert alone.output_error == result.output_error
+
+    captures.clear()
+    big = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    with torch.no_grad():
+        big[0].weight.fill_(1e3)
+    keep = amprewrite.find_fp32_nodes(big, (torch.full((2, 8), 1e2),), dtype=torch.float16,
+                                      allow_low=["0", "2"])
+    assert len(captures) == len(keep) + 1  # a round per node kept, and the round that passed

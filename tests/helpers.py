@@ -299,6 +299,18 @@ def run_cli(capsys, *args: object) -> tuple[int, str, str]:
     return code, out, err
 
 
+def count_calls(monkeypatch, owner: object, name: str) -> list:
+    """``owner.name`` still called, each call appended (its args) to the returned list."""
+    real, calls = getattr(owner, name), []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 def run_in_process(*args: object, cwd=None) -> subprocess.CompletedProcess:
     """``amprewrite ARGS`` run by ``cli.main`` in this process, in the folder ``cwd``, its
     output caught as a process's would be: a ``CompletedProcess`` with the exit code, stdout and

@@ -22,7 +22,7 @@ from amprewrite import NotVerifiedWarning, VerificationError
 from amprewrite.capture.verify import _DropoutMasksInFp32
 from amprewrite.show.numerics import check_numerics, verify_bound, verify_graph
 
-from ..helpers import corrupt_a_linear, unchanged
+from ..helpers import corrupt_a_linear, count_calls, unchanged
 
 
 def _net() -> nn.Module:
@@ -264,14 +264,7 @@ def test_check_numerics_captures_once_and_its_reference_is_that_capture(monkeypa
     from amprewrite.capture import trace
     from amprewrite.capture.verify import compare
 
-    captures = []
-    real = trace._with_inputs
-
-    def counted(*args, **kwargs):
-        captures.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trace, "_with_inputs", counted)
+    captures = count_calls(monkeypatch, trace, "_with_inputs")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 8))
     x = (torch.randn(4, 8),)

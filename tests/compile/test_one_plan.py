@@ -24,6 +24,8 @@ from amprewrite.testing.scale import (
     train,
 )
 
+from ..helpers import count_calls
+
 FP16 = {"dtype": "fp16", "inner": "eager"}
 
 
@@ -104,14 +106,7 @@ def test_checkpointed_blocks_record_their_bodies():
 
 
 def test_later_calls_record_nothing(monkeypatch):
-    calls = []
-    real = rr.record_ranges
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rr, "record_ranges", counting)
+    calls = count_calls(monkeypatch, rr, "record_ranges")
     compiled, x = compile_blocks(blocks_model(), options=FP16), _x()
     compiled(x)
     first = len(calls)

@@ -1,6 +1,7 @@
 """Real models: run-time precision classes, model.to(dtype) crashes, position cones, upsample."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 import amprewrite
 from amprewrite.graph import meta as M
 from amprewrite.precision.ops import Precision
-from amprewrite.testing.zoo import AUTOCAST_TWIN, MODELS, call, first_tensor, unet2d
+from amprewrite.testing.zoo import AUTOCAST_TWIN, MODELS, call, first_tensor
 
 from ..helpers import LOW_DTYPES, assert_classes_respected, unchanged
 
@@ -20,6 +21,16 @@ pytest.importorskip("diffusers")
 _CLASSES_FAST = {("llama", torch.bfloat16), ("bert", torch.float16), ("unet2d", torch.bfloat16)}
 
 
+@functools.cache
+def transformed(name: str, dtype: torch.dtype) -> tuple:
+    """``(model, inputs, gm)``: the zoo model transformed on its example inputs, the model
+    unchanged by it; shared by the tests that read the same graph (a UNet's costs ~5 s)."""
+    model, inputs = MODELS[name]()
+    with unchanged(model):
+        gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
+    return model, inputs, gm
+
+
 @pytest.mark.parametrize(("name", "dtype"), [
     (name, dtype) if (name, dtype) in _CLASSES_FAST
     else pytest.param(name, dtype, marks=pytest.mark.slow)
@@ -29,9 +40,7 @@ def test_real_model_classes_respected_at_run_time(name, dtype):
 
     (The error against fp32 and autocast is tested for every model in test_conformance.py.)
     """
-    model, inputs = MODELS[name]()
-    with unchanged(model):
-        gm = amprewrite.transform(model, dtype=dtype, example_inputs=inputs)
+    _, inputs, gm = transformed(name, dtype)
     assert_classes_respected(gm, *inputs, low=dtype)
     classes = {n.meta.get(M.CLASS) for n in gm.graph.nodes}
     assert {Precision.LOW, Precision.FP32} <= classes
@@ -39,16 +48,14 @@ def test_real_model_classes_respected_at_run_time(name, dtype):
 
 def test_unet2d_works_where_model_to_bf16_crashes():
     """On the same fp32 inputs, model.to(bf16) crashes; the transformed graph is a drop-in."""
-    model, (x, t) = unet2d()
+    model, (x, t), gm = transformed("unet2d", torch.bfloat16)
     with pytest.raises(RuntimeError, match="should be the same"):
         copy.deepcopy(model).to(torch.bfloat16)(x, t)
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=(x, t))
     assert torch.isfinite(first_tensor(gm(x, t))).all()
 
 
 def test_llama_rotary_positions_are_a_position_cone():
-    model, inputs = MODELS["llama"]()
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs)
+    _, _, gm = transformed("llama", torch.bfloat16)
     cone = [n for n in gm.graph.nodes if "position cone" in n.meta.get(M.REASON, "")]
     assert any(n.meta.get(M.FAMILY) == "trig" for n in cone)  # cos/sin of positions in fp32
     emb = [n for n in gm.graph.nodes if n.meta.get(M.FAMILY) == "embedding"]

@@ -616,9 +616,10 @@ def capture_model(model: nn.Module, example_inputs: object, policy: Policy
     return captured, policy
 
 
-# Within keep_captured(): (model, example_inputs) -> (model, inputs, an untouched copy of the
-# graph captured for them). Held for one call that captures a model and then needs its fp32
-# graph again (check_numerics: the transform's capture, then the fp32 reference).
+# Within keep_captured(): (id(model), id(example_inputs), the method asked for) -> (model,
+# inputs, an untouched copy of the graph captured for them); the model and the inputs are held
+# so that their ids name them while the entry lives. For one call that captures a model and
+# then needs its fp32 graph again (check_numerics: the transform's capture, then the reference).
 _CAPTURED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("amp_captured",
                                                                        default=None)
 
@@ -635,14 +636,16 @@ def keep_captured():
         _CAPTURED.reset(token)
 
 
-def captured_again(model: nn.Module, example_inputs: object) -> fx.GraphModule | None:
-    """The graph a capture inside :func:`keep_captured` made for these very objects, as it was
-    captured (a GraphModule of its own over the same tensors); None where there was none."""
-    kept = (_CAPTURED.get() or {}).get((id(model), id(example_inputs)))
+def captured_again(model: nn.Module, example_inputs: object, method: str = "dynamo"
+                   ) -> fx.GraphModule | None:
+    """The graph that ``capture(model, example_inputs, method=method)`` made inside
+    :func:`keep_captured` for these very objects, as it was captured (a GraphModule of its own
+    over the same tensors, the same node names); None where there was none."""
+    kept = (_CAPTURED.get() or {}).get((id(model), id(example_inputs), method))
     return None if kept is None else kept[2]
 
 
-def _keep(model: nn.Module, example_inputs: object, gm: fx.GraphModule) -> None:
+def _keep(model: nn.Module, example_inputs: object, method: str, gm: fx.GraphModule) -> None:
     kept = _CAPTURED.get()
     if kept is None or any(_holds_tensors(gm.get_submodule(str(n.target)))
                            for n in gm.graph.nodes if n.op == "call_module"):
@@ -652,7 +655,8 @@ def _keep(model: nn.Module, example_inputs: object, gm: fx.GraphModule) -> None:
     graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
     graph.output(graph.graph_copy(gm.graph, {}))
     graph._codegen = gm.graph._codegen  # the pytree specs in and out, as they are (no copy)
-    kept[(id(model), id(example_inputs))] = (model, example_inputs, fx.GraphModule(gm, graph))
+    kept[(id(model), id(example_inputs), method)] = (model, example_inputs,
+                                                     fx.GraphModule(gm, graph))
 
 
 def _holds_tensors(module: nn.Module) -> bool:
@@ -670,10 +674,11 @@ def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: obj
         if example_inputs is None:
             return Capture(_symbolic(model), "symbolic_trace", None)
         args, kwargs = split_inputs(example_inputs)
+        asked = method
         if method == "dynamo" and foreign_spec_types(model):
             # Its forward flattens and unflattens them in Python that dynamo cannot trace;
             # non-strict export runs that Python as it is (the graph is ATen-level either way).
             method = "export"
         gm = _with_inputs(model, args, kwargs, dynamic_shapes, method)
-        _keep(model, example_inputs, gm)
+        _keep(model, example_inputs, asked, gm)
         return Capture(gm, method, model.training)

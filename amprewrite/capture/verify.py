@@ -266,9 +266,9 @@ def _node_err(value: torch.Tensor, ref: torch.Tensor) -> float:
     same = _same_nonfinite(value, ref)
     if not bool(same.any()):
         return rel_err(value, ref)
-    if _new_nonfinite(value, ref):
-        return math.inf
     keep = ~same
+    if not bool(torch.isfinite(value)[keep].all()):  # non-finite where fp32 is not
+        return math.inf
     return rel_err(value.detach()[keep], ref.detach()[keep]) if bool(keep.any()) else 0.0
 
 
@@ -296,10 +296,11 @@ def compare(model: nn.Module, gm: fx.GraphModule, example_inputs: object) -> Che
     each run, so ``model`` ends as it began.
     """
     inputs = example_inputs
-    policy = gm.meta.get(M.POLICY_KEY)  # capture the reference as gm was captured: same names
-    ref_gm = captured_again(model, inputs)  # gm's own capture, inside keep_captured()
+    # The reference captured as gm was (same names): gm's own capture inside keep_captured().
+    method = getattr(gm.meta.get(M.POLICY_KEY), "capture", "dynamo")
+    ref_gm = captured_again(model, inputs, method)
     if ref_gm is None:
-        ref_gm = capture(model, inputs, method=getattr(policy, "capture", "dynamo")).gm
+        ref_gm = capture(model, inputs, method=method).gm
     with replayed(model, ref_gm, gm) as run:
         reference: dict[str, torch.Tensor] = run(_record, ref_gm, inputs)
         values: dict[str, torch.Tensor] = run(_record, gm, inputs)

@@ -162,7 +162,7 @@ def prepare(model: torch.nn.Module, example_inputs: object = None, dtype=torch.b
     options.setdefault("verify", False)
     with keep_captured():  # the graph before and the check's reference: the transform's capture
         after = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
-        before = captured_again(model, example_inputs)
+        before = captured_again(model, example_inputs, options.get("capture", "dynamo"))
         if before is None:
             before = capture(model, example_inputs).gm
         result = (check_numerics(model, example_inputs, dtype, gm=after)

@@ -45,9 +45,16 @@ def check_numerics(model: nn.Module, example_inputs: object, dtype=torch.bfloat1
     if gm is not None:
         return compare(model, gm, example_inputs)
     options.setdefault("verify", False)  # measuring the error is this function's job
-    with keep_captured():  # the fp32 reference is the graph the transform captured
+    return _transformed_and_compared(model, example_inputs, dtype, **options)[1]
+
+
+def _transformed_and_compared(model: nn.Module, example_inputs: object, dtype, **options
+                              ) -> tuple[fx.GraphModule, CheckResult]:
+    """``transform`` then :func:`compare`, with one capture: the fp32 reference is the graph the
+    transform captured, kept as captured."""
+    with keep_captured():
         gm = transform(model, dtype=dtype, example_inputs=example_inputs, **options)
-        return compare(model, gm, example_inputs)
+        return gm, compare(model, gm, example_inputs)
 
 
 def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2,
@@ -69,9 +76,7 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     options.setdefault("verify", False)  # the search starts from graphs that fail
     for k in range(max_nodes + 1):
         status(f"round {k + 1}: {len(keep)} nodes kept in fp32", log=True)
-        with keep_captured():  # one capture a round: the transform's is the fp32 reference
-            gm = transform(model, dtype=dtype, example_inputs=inputs, keep_fp32=keep, **options)
-            result = check_numerics(model, inputs, dtype, gm=gm)
+        gm, result = _transformed_and_compared(model, inputs, dtype, keep_fp32=keep, **options)
         if result.passed(rtol):
             return keep
         node = culprit_node(gm, result, {k[5:] for k in keep if isinstance(k, str)})

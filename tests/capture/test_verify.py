@@ -272,6 +272,9 @@ def test_check_numerics_captures_once_and_its_reference_is_that_capture(monkeypa
         result = check_numerics(model, x, torch.bfloat16)
     assert len(captures) == 1
     captures.clear()
+    exported = check_numerics(model, x, torch.bfloat16, capture="export")  # kept by its method
+    assert len(captures) == 1 and exported.output_error == result.output_error
+    captures.clear()
     gm = amprewrite.transform(model, torch.bfloat16, example_inputs=x, verify=False)
     alone = compare(model, gm, x)  # outside keep_captured: the reference captured afresh
     assert len(captures) == 2

@@ -29,10 +29,11 @@ node runs in fp32 (:data:`NOT_CONFIRMED` starts the reason); ``allow_low`` overr
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import fx
@@ -727,6 +728,28 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
 
 
+@contextlib.contextmanager
+def _seeded(device: str, seed: int = 0) -> Iterator[None]:
+    """Random draws start from ``seed`` on the CPU and on ``device``, and the caller's
+    generators are as they were afterwards. Only those two are seeded: ``torch.manual_seed``
+    also queues a lazy seeding of every device type torch knows (CUDA, XPU, MTIA) with the
+    caller's formatted stack, ~1 ms a call in a deep stack, thousands of calls in a process
+    that transforms many models, and it changed the caller's CUDA generator for good, which
+    ``fork_rng(devices=[])`` does not restore."""
+    dev = torch.device(device)
+    module = torch.get_device_module(dev.type) if dev.type not in ("cpu", "meta") else None
+    if module is None or not hasattr(module, "manual_seed"):
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)
+            yield
+        return
+    index = dev.index if dev.index is not None else module.current_device()
+    with torch.random.fork_rng(devices=[index], device_type=dev.type), module.device(index):
+        torch.default_generator.manual_seed(seed)
+        module.manual_seed(seed)
+        yield
+
+
 def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: bool,
          normal_grads: bool = False):
     # Without a backward the tensors don't require grad: an argument that can't
@@ -735,8 +758,7 @@ def _run(fn: Callable, template: _Template, shapes, dtype, device, backward: boo
     # subnormal range (a probe that compares roundings; fp16 training scales its loss for the
     # same reason), while a sum over every output still cannot overflow.
     args, kwargs, leaves = template.build(shapes, dtype, device, grad=backward)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+    with _seeded(device):
         out = fn(*args, **kwargs)
     outs = _floats(out)
     grads = None

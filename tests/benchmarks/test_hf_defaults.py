@@ -297,8 +297,8 @@ print(sorted({m.split(".")[0] for m in sys.modules} & {"transformers", "amprewri
 
 @pytest.mark.parametrize("name", [pytest.param("bert", marks=pytest.mark.slow), "llama",
                                   pytest.param("t5", marks=pytest.mark.slow)])
-def test_pt2_of_a_default_config_model_loads_in_a_process_that_imports_only_torch(name,
-                                                                                   tmp_path):
+def test_pt2_of_a_default_config_model_loads_in_a_process_that_imports_only_torch(
+        name, tmp_path, loaded_here_only):  # export's own load check: this test's, at batch 3
     torch.manual_seed(0)
     if name == "bert":
         cfg = tf.BertConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2,

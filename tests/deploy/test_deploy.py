@@ -77,15 +77,6 @@ def run(*args: object) -> subprocess.CompletedProcess:
     return run_in_process(*args, cwd=ROOT)
 
 
-@pytest.fixture
-def loaded_here_only(monkeypatch):
-    """The pt2 check's load in a new process that imports only torch (``loads_alone``: 2-5 s of
-    CPU, most of it torch's import) taken as passed, for tests that assert something else;
-    test_pt2_saves_loads_and_runs_at_another_batch_size and tests/benchmarks/test_hf_defaults.py
-    run it, and the latter makes it fail."""
-    monkeypatch.setattr(deploy, "loads_alone", lambda path: None)
-
-
 def errors_of(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if not ln.startswith("amprewrite: [")]
 

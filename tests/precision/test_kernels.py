@@ -270,3 +270,31 @@ def test_the_kernel_cache_holds_functions_weakly(monkeypatch):
     gc.collect()
     assert all(r() is None for r in refs)  # the cache did not keep them alive
     assert len(kernels._CACHE) == before
+
+
+def test_a_probe_leaves_the_callers_random_generators_as_they_were():
+    """The probe seeds its own draws and then gives the caller's generators back: the CPU's,
+    and CUDA's, whether CUDA runs (its state) or has not started yet (the seed a caller queued
+    with torch.cuda.manual_seed_all, which torch.manual_seed(0) inside the probe replaced:
+    checked on the old code)."""
+    from amprewrite.precision.kernels import low_kernel_problem
+
+    def f(x):
+        return x * 2
+
+    g = fx.Graph()
+    node = g.call_function(f, (g.placeholder("x"),))
+    torch.manual_seed(5)
+    torch.cuda.manual_seed_all(1234)
+    cpu = torch.get_rng_state()
+    if torch.cuda.is_initialized():
+        before: object = torch.cuda.get_rng_state_all()
+        after = torch.cuda.get_rng_state_all
+    else:  # the queued callbacks themselves: a new one would carry another seed
+        before = [c and c[0] for c in torch.cuda._lazy_seed_tracker.get_calls()]
+        after = lambda: [c and c[0] for c in torch.cuda._lazy_seed_tracker.get_calls()]  # noqa: E731
+    assert low_kernel_problem(node, torch.bfloat16, torch.device("cpu")) is None  # it probed
+    assert torch.equal(torch.get_rng_state(), cpu)
+    now = after()
+    assert all(torch.equal(a, b) for a, b in zip(now, before)) if torch.cuda.is_initialized() \
+        else now == before

@@ -12,8 +12,16 @@ import torch.multiprocessing as mp
 # once (multiprocessing's "forkserver", preloaded), not started afresh: each fresh process spent
 # about 6 s of CPU importing them, the larger part of a short gloo test. The server itself has
 # run nothing (no thread pool to inherit half-made, as a fork of the test process would).
+# It also imports what every rank went on to import for itself on its first capture, compile or
+# sharding call (dynamo, inductor, the LLaMA the ranks build, DTensor and FSDP2, torchao): a
+# profile of the suite found 95 s of the ranks' CPU in those imports, ~3 s per rank.
 PRELOAD = ["torch", "torch.distributed", "transformers", "amprewrite", "amprewrite.api",
-           "amprewrite.compile.sharding", "amprewrite.compile.backend", "tests.training.gloo"]
+           "amprewrite.compile.sharding", "amprewrite.compile.backend", "tests.training.gloo",
+           "torch._dynamo", "torch._inductor", "torch._inductor.compile_fx",
+           "torch._dynamo.repro.after_dynamo", "torch.distributed.tensor",
+           "torch.distributed.tensor.parallel", "torch.distributed.fsdp",
+           "torch.distributed.algorithms._checkpoint.checkpoint_wrapper",
+           "transformers.models.llama.modeling_llama", "torchao"]
 
 
 def spawn(fn, args: tuple, nprocs: int, join: bool = True):

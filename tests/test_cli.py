@@ -335,9 +335,11 @@ def keyword_models(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("command", ["check", "dump", "export"])
 def test_a_factory_returning_keyword_inputs_works_in_every_command(keyword_models, tmp_path,
-                                                                  capsys, command):
+                                                                  capsys, command,
+                                                                  loaded_here_only):
     """A factory returning (model, {name: tensor}) is called as model(**inputs), as
-    transform(example_inputs={...}) calls it (it was wrapped in a tuple: model(dict))."""
+    transform(example_inputs={...}) calls it (it was wrapped in a tuple: model(dict)). The
+    .pt2's load in a torch-only process is tests/deploy's and test_hf_defaults'."""
     out = {"check": [], "dump": ["--out", tmp_path, "--check", "--format", "text"],
            "export": ["--out", tmp_path / "scaled.pt2"]}[command]
     code, stdout, stderr = run_cli(capsys, command, f"{keyword_models}:scaled", *out)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import amprewrite
-from amprewrite.capture.trace import capture
+from amprewrite.capture.trace import captured_again, keep_captured
 from amprewrite.show.explorer import graph_collection, node_data, write_model_explorer
 from amprewrite.show.html import page_data, report_page
 from amprewrite.show.views import graph_view, levels, module_rows, namespace
@@ -31,10 +31,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def llama():
+    """As explorer.prepare makes them: the graph before and the check's reference are the
+    transform's own capture (one capture, not three)."""
     model, inputs = zoo.llama()
-    gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs)
-    check = amprewrite.check_numerics(model, inputs, torch.bfloat16, gm=gm)
-    return model, inputs, capture(model, inputs).gm, gm, check
+    with keep_captured():
+        gm = amprewrite.transform(model, dtype=torch.bfloat16, example_inputs=inputs)
+        check = amprewrite.check_numerics(model, inputs, torch.bfloat16, gm=gm)
+        before = captured_again(model, inputs)
+    assert before is not None
+    return model, inputs, before, gm, check
 
 
 def test_levels_keep_indices_with_their_container():

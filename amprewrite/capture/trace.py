@@ -616,19 +616,39 @@ def capture_model(model: nn.Module, example_inputs: object, policy: Policy
     return captured, policy
 
 
-# Within keep_captured(): (id(model), id(example_inputs), the method asked for) -> (model,
-# inputs, an untouched copy of the graph captured for them); the model and the inputs are held
-# so that their ids name them while the entry lives. For one call that captures a model and
-# then needs its fp32 graph again (check_numerics: the transform's capture, then the reference).
+# Within keep_captured(): (id(model), id(example_inputs), the method asked for) -> what the
+# capture made for them, before any pass (_Kept); the model and the inputs are held so that
+# their ids name them while the entry lives. For calls that capture one model several times:
+# check_numerics (the transform's capture, then its fp32 reference), find_fp32_nodes and
+# ``check --fix`` (a transform each round), ``dump`` and ``explore`` (the graph before, then
+# the transform).
 _CAPTURED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("amp_captured",
                                                                        default=None)
 
 
+@dataclass(frozen=True)
+class _Kept:
+    model: nn.Module
+    inputs: object
+    gm: fx.GraphModule  # a copy of the graph as captured, over the capture's modules
+    source: fx.GraphModule  # the capture itself: holds the pytree registrations it needs
+    dynamic_shapes: object
+    training: bool
+    method: str  # the method that captured it ("export" where dynamo was asked but cannot)
+
+
 @contextlib.contextmanager
 def keep_captured():
-    """Within it, each capture on example inputs also keeps a copy of its graph as captured,
-    before any pass: :func:`captured_again` hands it back for the same model and inputs
-    instead of capturing them a second time (for a 2-layer T5 a capture is ~5 s of CPU)."""
+    """Within it, each capture on example inputs keeps a copy of its graph as captured,
+    before any pass, and a capture of the same model on the same inputs object (the same
+    method, dynamic shapes and train/eval mode) starts from that copy instead of capturing
+    again: :func:`amprewrite.transform` with another policy, and the fp32 reference of
+    :func:`captured_again`. For a 2-layer T5 a capture is ~5 s of CPU. Nested blocks share the
+    outermost one's captures. Only for calls that do not change the model between captures
+    (its weights may change: the graph reads the model's own tensors)."""
+    if _CAPTURED.get() is not None:
+        yield
+        return
     token = _CAPTURED.set({})
     try:
         yield
@@ -642,21 +662,51 @@ def captured_again(model: nn.Module, example_inputs: object, method: str = "dyna
     :func:`keep_captured` for these very objects, as it was captured (a GraphModule of its own
     over the same tensors, the same node names); None where there was none."""
     kept = (_CAPTURED.get() or {}).get((id(model), id(example_inputs), method))
-    return None if kept is None else kept[2]
+    return None if kept is None else kept.gm
 
 
-def _keep(model: nn.Module, example_inputs: object, method: str, gm: fx.GraphModule) -> None:
+def _keep(model: nn.Module, example_inputs: object, method: str, gm: fx.GraphModule,
+          dynamic_shapes: object, used: str) -> None:
     kept = _CAPTURED.get()
     if kept is None or any(_holds_tensors(gm.get_submodule(str(n.target)))
                            for n in gm.graph.nodes if n.op == "call_module"):
         return  # a pass may change a called submodule in place: that graph is captured again
     # The copy's own Graph (nodes, their meta dicts) and module tree, the same tensors: the
     # passes change the original's graph and attributes, never a tensor in place.
-    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
-    graph.output(graph.graph_copy(gm.graph, {}))
-    graph._codegen = gm.graph._codegen  # the pytree specs in and out, as they are (no copy)
-    kept[(id(model), id(example_inputs), method)] = (model, example_inputs,
-                                                     fx.GraphModule(gm, graph))
+    kept[(id(model), id(example_inputs), method)] = _Kept(
+        model, example_inputs, fx.GraphModule(gm, _graph_copy(gm.graph)), gm, dynamic_shapes,
+        model.training, used)
+
+
+def _graph_copy(graph: fx.Graph) -> fx.Graph:
+    copy = fx.Graph(tracer_cls=graph._tracer_cls)
+    copy.output(copy.graph_copy(graph, {}))
+    copy._codegen = graph._codegen  # the pytree specs in and out, as they are (no copy)
+    return copy
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # tensors or other values without a truth value: not the same
+        return False
+
+
+def _captured_before(model: nn.Module, example_inputs: object, method: str,
+                     dynamic_shapes: object) -> Capture | None:
+    """A new capture of ``model`` made from the copy :func:`keep_captured` kept of an earlier
+    one, as :func:`_recapture` makes one from a transformed graph: a GraphModule of its own
+    over a copy of the graph, reading the model's tensors; None where nothing was kept."""
+    kept = (_CAPTURED.get() or {}).get((id(model), id(example_inputs), method))
+    if (kept is None or kept.training != model.training
+            or not _same(kept.dynamic_shapes, dynamic_shapes)):
+        return None
+    status("reusing the graph captured for these inputs")
+    new = rebuild(model, _graph_copy(kept.gm.graph), lambda target: get_attr(kept.gm, target),
+                  DynamoGraphModule)
+    new._amp_captured_training = kept.training
+    new._amp_inputs = kept.source._amp_inputs
+    return Capture(new, kept.method, kept.training)
 
 
 def _holds_tensors(module: nn.Module) -> bool:
@@ -673,6 +723,9 @@ def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: obj
             return _recapture(model)
         if example_inputs is None:
             return Capture(_symbolic(model), "symbolic_trace", None)
+        again = _captured_before(model, example_inputs, method, dynamic_shapes)
+        if again is not None:
+            return again
         args, kwargs = split_inputs(example_inputs)
         asked = method
         if method == "dynamo" and foreign_spec_types(model):
@@ -680,5 +733,5 @@ def capture(model: nn.Module, example_inputs: object = None, dynamic_shapes: obj
             # non-strict export runs that Python as it is (the graph is ATen-level either way).
             method = "export"
         gm = _with_inputs(model, args, kwargs, dynamic_shapes, method)
-        _keep(model, example_inputs, asked, gm)
+        _keep(model, example_inputs, asked, gm, dynamic_shapes, method)
         return Capture(gm, method, model.training)

@@ -104,12 +104,14 @@ def _print_check(result, rtol: float, top: int) -> bool:
 
 def run_check(args: argparse.Namespace) -> int:
     from ..api import transform_with
+    from ..capture.trace import keep_captured
     from ..precision.report import report
     from ..show.numerics import check_numerics, find_fp32_nodes
 
     dtype = args.dtype
     keep = fixed = fixed_gm = search_error = None
-    with Steps(2 if not args.fix else 4, log=True) as steps:
+    # One capture for the check, each round of --fix and the check of what it found.
+    with Steps(2 if not args.fix else 4, log=True) as steps, keep_captured():
         steps.step(f"loading {args.target}")
         target = load(args, need_inputs=True)
         model, inputs = target.model, target.inputs

@@ -71,6 +71,12 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     >>> amprewrite.find_fp32_nodes(model, (torch.randn(2, 4),), rtol=0.5)
     []
     """
+    with keep_captured():  # one capture for every round (and the caller's, inside one)
+        return _find_fp32_nodes(model, example_inputs, rtol, dtype, max_nodes, **options)
+
+
+def _find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float, dtype,
+                     max_nodes: int, **options) -> list[str]:
     inputs = example_inputs
     keep = [s for s in options.pop("keep_fp32", ())]
     options.setdefault("verify", False)  # the search starts from graphs that fail

@@ -259,8 +259,8 @@ def test_a_node_non_finite_only_in_low_precision_is_still_named():
 
 def test_check_numerics_captures_once_and_its_reference_is_that_capture(monkeypatch):
     """The fp32 reference graph is the one the transform captured (kept before its passes),
-    not a second capture: one capture for check_numerics, one per round of find_fp32_nodes;
-    the per-node errors equal those against a capture of its own."""
+    not a second capture: one capture for check_numerics, one for all the rounds of
+    find_fp32_nodes; the per-node errors equal those against a capture of its own."""
     from amprewrite.capture import trace
     from amprewrite.capture.verify import compare
 
@@ -288,4 +288,48 @@ def test_check_numerics_captures_once_and_its_reference_is_that_capture(monkeypa
         big[0].weight.fill_(1e3)
     keep = amprewrite.find_fp32_nodes(big, (torch.full((2, 8), 1e2),), dtype=torch.float16,
                                       allow_low=["0", "2"])
-    assert len(captures) == len(keep) + 1  # a round per node kept, and the round that passed
+    # Three rounds (a node kept in each of two, the round that passed), one capture: it was
+    # one a round (checked on the old code).
+    assert len(keep) == 2 and len(captures) == 1
+
+
+def test_transforms_inside_keep_captured_start_from_one_capture(monkeypatch):
+    """Inside keep_captured (check --fix, find_fp32_nodes, dump), a transform of the model it
+    captured on the same inputs object starts from that capture: one capture for several
+    policies, and graphs that compute bit for bit what fresh captures give, with the same
+    report. Another train/eval mode, other dynamic shapes, another inputs object or another
+    capture method capture again."""
+    from amprewrite.capture import trace
+    from amprewrite.testing import zoo
+
+    captures = count_calls(monkeypatch, trace, "_with_inputs")
+    model, inputs = zoo.llama()
+    policies = [{"dtype": torch.bfloat16}, {"dtype": torch.float16, "keep_fp32": ["lm_head"]}]
+    with trace.keep_captured():
+        reused = [amprewrite.transform(model, example_inputs=inputs, **p) for p in policies]
+    assert len(captures) == 1
+    fresh = [amprewrite.transform(model, example_inputs=inputs, **p) for p in policies]
+    assert len(captures) == 3
+    with torch.no_grad():
+        for a, b in zip(reused, fresh, strict=True):
+            assert torch.equal(a(*inputs).logits, b(*inputs).logits)
+            ra, rb = amprewrite.report(a), amprewrite.report(b)
+            assert [(d.node, d.precision) for d in ra.decisions] == [
+                (d.node, d.precision) for d in rb.decisions]
+            assert len(ra.casts) == len(rb.casts) > 0
+    # The reused graph is a graph of its own: the first transform's passes left the kept
+    # copy as captured, and the two transformed graphs share no Graph.
+    assert reused[0].graph is not reused[1].graph
+
+    captures.clear()
+    net, x = _net().eval(), (torch.randn(4, 16),)
+    with trace.keep_captured():
+        amprewrite.transform(net, torch.bfloat16, example_inputs=x)
+        amprewrite.transform(net, torch.float16, example_inputs=x)  # reused
+        assert len(captures) == 1
+        amprewrite.transform(net, torch.bfloat16, example_inputs=x, dynamic_shapes=None)
+        amprewrite.transform(net, torch.bfloat16, example_inputs=(x[0],))  # another tuple
+        amprewrite.transform(net, torch.bfloat16, example_inputs=x, capture="export")
+        net.train()
+        amprewrite.transform(net, torch.bfloat16, example_inputs=x)
+        assert len(captures) == 5

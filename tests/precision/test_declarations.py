@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 
 import amprewrite
+from amprewrite.capture.trace import keep_captured
 from amprewrite.errors import CaptureError
 from amprewrite.graph import meta as M
 from amprewrite.precision.ops import FAMILIES, Precision, conversion_target
@@ -482,12 +483,26 @@ def example_inputs(family: str, model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @functools.cache
+def _inputs(family: str) -> dict[str, torch.Tensor]:
+    return example_inputs(family, build(family))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_capture_per_model():
+    """The transforms of one family's model on its one inputs object (T5 in four policies,
+    DeepSeek-V3 in two dtypes) start from one capture, as the rounds of ``check --fix`` do
+    (``keep_captured``; tests/capture/test_verify.py checks that such graphs compute what
+    fresh captures give, bit for bit)."""
+    with keep_captured():
+        yield
+
+
+@functools.cache
 def transformed(family: str, dtype: torch.dtype, allow_low: tuple[str, ...] = (),
                 params: str = "fp32", verify: bool = True) -> fx.GraphModule:
     """The family's small model transformed on its example inputs (cached: each costs
     seconds). Verification is kept where numerics matter, off where only the plan does."""
-    model = build(family)
-    return amprewrite.transform(model, dtype, example_inputs=example_inputs(family, model),
+    return amprewrite.transform(build(family), dtype, example_inputs=_inputs(family),
                                 allow_low=list(allow_low), params=params, verify=verify)
 
 

@@ -737,10 +737,16 @@ def _seeded(device: str, seed: int = 0) -> Iterator[None]:
     that transforms many models, and it changed the caller's CUDA generator for good, which
     ``fork_rng(devices=[])`` does not restore."""
     dev = torch.device(device)
-    module = torch.get_device_module(dev.type) if dev.type not in ("cpu", "meta") else None
-    if module is None or not hasattr(module, "manual_seed"):
+    try:
+        module = torch.get_device_module(dev.type) if dev.type not in ("cpu", "meta") else None
+    except RuntimeError:  # a device type torch has no module for
+        module = None
+    if module is None or not all(hasattr(module, a) for a in ("manual_seed", "current_device",
+                                                                "device")):
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(seed)
+            if module is not None and hasattr(module, "manual_seed"):
+                module.manual_seed(seed)  # a device without per-index generators (MPS)
             yield
         return
     index = dev.index if dev.index is not None else module.current_device()

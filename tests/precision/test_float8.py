@@ -184,19 +184,22 @@ def test_gpt2_conv1d_addmm_runs_float8_on_the_transposed_weight():
 
 @pytest.mark.parametrize("name", ["llama", pytest.param("bert", marks=pytest.mark.slow)])
 def test_the_chosen_set_on_zoo_models_is_reported_and_stable(name):
+    from amprewrite.capture.trace import keep_captured
     from amprewrite.testing import zoo
 
     model, inputs = zoo.MODELS[name]()
     model.eval()
     sets = []
-    for _ in range(2):
+    gm = amprewrite.transform(model, "bf16", example_inputs=inputs, fp8=FAST)
+    sets.append(_verdicts(gm))
+    with keep_captured():  # two captures for the stability; the cost model's plan from the 2nd
         gm = amprewrite.transform(model, "bf16", example_inputs=inputs, fp8=FAST)
         sets.append(_verdicts(gm))
-    assert sets[0].keys() == sets[1].keys() and len(sets[0]) >= 12
-    assert {k: v.split(",")[0] for k, v in sets[0].items()} == {
-        k: v.split(",")[0] for k, v in sets[1].items()}
-    # with the cost model on (an H100), none of these tiny layers pays
-    gm = amprewrite.transform(model, "bf16", example_inputs=inputs, fp8=True)
+        assert sets[0].keys() == sets[1].keys() and len(sets[0]) >= 12
+        assert {k: v.split(",")[0] for k, v in sets[0].items()} == {
+            k: v.split(",")[0] for k, v in sets[1].items()}
+        # with the cost model on (an H100), none of these tiny layers pays
+        gm = amprewrite.transform(model, "bf16", example_inputs=inputs, fp8=True)
     assert all("too small to pay" in v for v in _verdicts(gm).values())
 
 

@@ -67,10 +67,10 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
 
     steps.step("capturing the graph before")
     passes: list[tuple[str, str]] = []
-    with keep_captured():  # the check's fp32 reference: the transform's capture, not a third
+    with keep_captured():  # one capture: the graph before, the transform's, the check's fp32
         before = attempt("capturing", lambda: capture(model, inputs).gm, target)
         if after is None:
-            steps.step("capturing again and running the passes")
+            steps.step("running the passes on that capture")
             after = attempt("transforming", lambda: transform_with(
                 model, policy, inputs, on_pass=(lambda n, g: passes.append((n, g.code)))
                 if per_pass else None), target)

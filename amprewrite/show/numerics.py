@@ -71,24 +71,20 @@ def find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float = 1e-2
     >>> amprewrite.find_fp32_nodes(model, (torch.randn(2, 4),), rtol=0.5)
     []
     """
-    with keep_captured():  # one capture for every round (and the caller's, inside one)
-        return _find_fp32_nodes(model, example_inputs, rtol, dtype, max_nodes, **options)
-
-
-def _find_fp32_nodes(model: nn.Module, example_inputs: object, rtol: float, dtype,
-                     max_nodes: int, **options) -> list[str]:
     inputs = example_inputs
     keep = [s for s in options.pop("keep_fp32", ())]
     options.setdefault("verify", False)  # the search starts from graphs that fail
-    for k in range(max_nodes + 1):
-        status(f"round {k + 1}: {len(keep)} nodes kept in fp32", log=True)
-        gm, result = _transformed_and_compared(model, inputs, dtype, keep_fp32=keep, **options)
-        if result.passed(rtol):
-            return keep
-        node = culprit_node(gm, result, {k[5:] for k in keep if isinstance(k, str)})
-        if node is None:
-            break
-        keep.append(f"node:{node.name}")
+    with keep_captured():  # one capture for every round (and the caller's, inside one)
+        for k in range(max_nodes + 1):
+            status(f"round {k + 1}: {len(keep)} nodes kept in fp32", log=True)
+            gm, result = _transformed_and_compared(model, inputs, dtype, keep_fp32=keep,
+                                                   **options)
+            if result.passed(rtol):
+                return keep
+            node = culprit_node(gm, result, {k[5:] for k in keep if isinstance(k, str)})
+            if node is None:
+                break
+            keep.append(f"node:{node.name}")
     raise RuntimeError(
         f"find_fp32_nodes: {len(keep)} fp32 nodes did not bring the output error under "
         f"rtol={rtol} (last: {result.output_error:.3g}, finite={result.finite}). Raise rtol or "

@@ -240,8 +240,7 @@ def test_a_value_fp32_also_makes_infinite_is_no_error_and_not_the_first_non_fini
     assert logs and all(not r.finite for r in logs)  # it is -inf, in fp32 as here
     assert all(r.rel_err is not None and r.rel_err < 2.0**-7 for r in logs), logs
     assert result.first_nonfinite is None and result.passed(1e-2)
-    assert all(r.rel_err is not None and r.rel_err < 1e-2 for r in result.nodes
-               if r.rel_err is not None)
+    assert all(r.rel_err < 1e-2 for r in result.nodes if r.rel_err is not None)
 
 
 def test_a_node_non_finite_only_in_low_precision_is_still_named():

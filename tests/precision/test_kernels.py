@@ -282,19 +282,17 @@ def test_a_probe_leaves_the_callers_random_generators_as_they_were():
     def f(x):
         return x * 2
 
+    def cuda_state() -> list:
+        if torch.cuda.is_initialized():  # its generators' states
+            return [s.tolist() for s in torch.cuda.get_rng_state_all()]
+        # The seeding queued for when CUDA starts: a new callback would carry another seed.
+        return [c and c[0] for c in torch.cuda._lazy_seed_tracker.get_calls()]
+
     g = fx.Graph()
     node = g.call_function(f, (g.placeholder("x"),))
     torch.manual_seed(5)
     torch.cuda.manual_seed_all(1234)
-    cpu = torch.get_rng_state()
-    if torch.cuda.is_initialized():
-        before: object = torch.cuda.get_rng_state_all()
-        after = torch.cuda.get_rng_state_all
-    else:  # the queued callbacks themselves: a new one would carry another seed
-        before = [c and c[0] for c in torch.cuda._lazy_seed_tracker.get_calls()]
-        after = lambda: [c and c[0] for c in torch.cuda._lazy_seed_tracker.get_calls()]  # noqa: E731
+    cpu, cuda = torch.get_rng_state(), cuda_state()
     assert low_kernel_problem(node, torch.bfloat16, torch.device("cpu")) is None  # it probed
     assert torch.equal(torch.get_rng_state(), cpu)
-    now = after()
-    assert all(torch.equal(a, b) for a, b in zip(now, before)) if torch.cuda.is_initialized() \
-        else now == before
+    assert cuda_state() == cuda

@@ -37,6 +37,22 @@ def loaded_here_only(monkeypatch):
     monkeypatch.setattr(deploy, "loads_alone", lambda path: None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests tests/extended.py lists ``extended``: out of the README's test command,
+    run by ``-m extended`` (CI runs both)."""
+    from tests import extended
+
+    for item in extended.extended_items(items):
+        item.add_marker(pytest.mark.extended)
+    if not any("::" in str(arg) for arg in config.args):
+        stale = extended.stale_entries(items)
+        if stale:
+            raise pytest.UsageError(
+                f"tests/extended.py names tests that do not exist: {stale}. A test was "
+                "renamed or removed: update its entry there (EXTENDED or SAMPLED).")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session):
     """Leave what the suite made to the process's exit. After the last test pytest collects

@@ -131,7 +131,8 @@ def _matches(nodeid: str, entry: str) -> bool:
 
 
 def extended_items(items: list) -> list:
-    """The items to mark ``extended``.
+    """The items to mark ``extended``. A sampled test's ``slow`` items are neither kept nor
+    counted (``-m slow`` runs them).
 
     >>> class Item:
     ...     def __init__(self, nodeid, **params):
@@ -147,7 +148,8 @@ def extended_items(items: list) -> list:
     for item in items:
         main = SAMPLED.get(_function(item.nodeid))
         spec = getattr(item, "callspec", None)
-        if main is not None and spec is not None and main in spec.params:
+        slow = getattr(item, "get_closest_marker", lambda name: None)("slow")
+        if main is not None and spec is not None and main in spec.params and slow is None:
             values = groups.setdefault(_function(item.nodeid), {})
             values.setdefault(spec.params[main], []).append(item)
     for values in groups.values():

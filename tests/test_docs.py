@@ -125,12 +125,17 @@ def test_readme_demo_command_installs_no_extras():
 
 
 def test_ci_runs_exactly_the_readmes_test_command():
-    """.ci/run installs what the README's test command installs, then runs that command."""
-    readme = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].splitlines()[1]
+    """.ci/run installs what the README's test command installs, then runs that command, and
+    then the tests it leaves out (tests/extended.py), which the README says."""
+    text = (ROOT / "README.md").read_text()
+    readme = text.split("```bash\n", 1)[1].splitlines()[1]
     command = readme.split("#")[0].split(" && ")[-1].strip()
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert ci[-1] == command
-    assert 'python -m pip install -q -e ".[test]"' in ci
+    tests = [line for line in ci if line.startswith("python -m pytest")]
+    extended = command + ' -m "extended and not slow"'
+    assert tests == [command, extended]
+    assert ci[-1] == extended and 'python -m pip install -q -e ".[test]"' in ci
+    assert f"`{extended}`" in text
 
 
 def test_readme_says_the_browser_tests_skip_without_chromium(monkeypatch):

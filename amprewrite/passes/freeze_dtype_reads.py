@@ -6,11 +6,25 @@ Rewrite to: ``y = h.to(torch.float32)``
 Model code like ``hidden.to(input_dtype)`` means "back to what the model computes in". After
 casts are inserted ``x`` may be bfloat16, so a live read would silently change the model's own
 conversions; freezing the read keeps them as the author wrote them for the fp32 model.
+
+A read the capture already froze into a constant: ``torch.finfo(key.dtype).min``, the "minus
+infinity, but finite" of an attention mask (transformers' ``torch.where(mask, bias, min)``,
+``(1 - mask) * min``), is fp32's -3.40e38 in the graph. bfloat16's largest finite value is
+3.39e38, so the plan's bf16 cast of that mask gave -inf, and a row with every key masked (a
+left-padded decoder row) gave NaN in softmax, which the next layer spread to every row.
+
+Matches:   ``torch.where(mask, bias, -3.4028234663852886e+38)``   (with ``dtype=bf16``)
+Rewrite to: ``torch.where(mask, bias, -3.3895313892515355e+38)``
+
+the value the model computes when loaded in bfloat16 (``finfo(bfloat16).min``). fp16 needs no
+such rewrite: the recorded ranges keep values past its range in fp32.
 """
 
 from __future__ import annotations
 
 import builtins
+
+import torch
 
 from ..graph import meta as M
 from ..graph.meta import info
@@ -29,7 +43,35 @@ def _freeze(m: Match) -> Replacement | None:
                        "the model's own conversions keep the dtype the fp32 model had")
 
 
+_FP32_MAX = torch.finfo(torch.float32).max
+_BF16_MAX = torch.finfo(torch.bfloat16).max
+
+
+def _bf16_sentinel(value: object) -> object:
+    if isinstance(value, float) and abs(value) == _FP32_MAX:
+        return _BF16_MAX if value > 0 else -_BF16_MAX
+    if isinstance(value, (list, tuple)) and any(isinstance(v, float) for v in value):
+        return type(value)(_bf16_sentinel(v) for v in value)
+    return value
+
+
+def _sentinels(m: Match) -> Replacement | None:
+    if m.policy is None or m.policy.dtype != torch.bfloat16:
+        return None
+    node = m.node
+    args = tuple(_bf16_sentinel(a) for a in node.args)
+    kwargs = {k: _bf16_sentinel(v) for k, v in node.kwargs.items()}
+    if args == node.args and kwargs == node.kwargs:
+        return None
+    node.args, node.kwargs = args, kwargs
+    return Replacement(node, "finfo(float32).min -> finfo(bfloat16).min",
+                       "fp32's extreme rounds to inf in bf16: a fully masked row's softmax "
+                       "would be NaN; bf16's is what the model computes in bf16")
+
+
 class FreezeDtypeReads(RulePass):
     name, kind = "freeze_dtype_reads", Kind.CANONICALIZE
     requires = (M.ORIG,)
-    rules = (Rule((builtins.getattr,), _freeze, normalize=False),)
+    rules = (Rule((builtins.getattr,), _freeze, normalize=False),
+             Rule((), _sentinels, normalize=False),
+             Rule((), _sentinels, op="call_method", normalize=False))

@@ -141,3 +141,92 @@ def test_only_dtype_reads_are_frozen():
     model.load_state_dict(gm.state_dict())
     x = torch.randn(2, 4)
     assert torch.equal(gm(x), model(x))
+
+
+# --- finfo sentinels the capture froze --------------------------------------------------------
+
+
+class MaskedAttention(nn.Module):
+    """transformers' additive mask: masked keys get ``finfo(dtype).min``, read from the
+    model's dtype (fp32 at capture: a constant -3.40e38 in the graph)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x, keep):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2)
+        bias = torch.where(keep, 0.0, torch.finfo(x.dtype).min)
+        return torch.softmax(scores + bias, -1) @ self.v(x)
+
+
+def _masked_inputs():
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    keep = torch.ones(2, 5, 5, dtype=torch.bool)
+    keep[1, :2] = False  # two rows with every key masked (left padding): fp32 gives them uniform
+    keep[0, :, 3:] = False  # and partly masked rows
+    return x, keep
+
+
+def _sentinel_literals(gm) -> list[float]:
+    return [a for n in gm.graph.nodes for a in (*n.args, *n.kwargs.values())
+            if isinstance(a, float) and abs(a) > 1e38]
+
+
+def test_an_fp32_mask_sentinel_becomes_bf16s_and_a_fully_masked_row_stays_finite():
+    model, inputs = MaskedAttention().eval(), _masked_inputs()
+    with torch.no_grad():
+        ref = model(*inputs)
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs)
+    assert _sentinel_literals(gm) == [-torch.finfo(torch.bfloat16).max]
+    (rw,) = rewrites(gm, "freeze_dtype_reads")
+    assert rw.action == "finfo(float32).min -> finfo(bfloat16).min"
+    with torch.no_grad():
+        out = gm(*inputs)
+    assert torch.isfinite(out).all()
+    # bf16 matmuls: within 2e-2 of fp32, the fully masked rows (uniform weights) included
+    assert float((out - ref).norm() / ref.norm()) < 2e-2
+    assert float((out[1, :2] - ref[1, :2]).norm() / ref[1, :2].norm()) < 2e-2
+
+
+def test_without_the_rewrite_the_bf16_sentinel_is_inf_and_the_row_nan():
+    """What the rewrite prevents: fp32's -3.40e38 rounds to -inf in bf16."""
+    assert torch.tensor(torch.finfo(torch.float32).min).bfloat16().isinf()
+    scores = torch.zeros(5, dtype=torch.bfloat16)
+    assert torch.softmax(scores + torch.tensor(torch.finfo(torch.float32).min).bfloat16(),
+                         -1).isnan().all()
+    assert not torch.softmax(scores + torch.finfo(torch.bfloat16).min, -1).isnan().any()
+
+
+def test_fp16_keeps_the_fp32_sentinel_where_the_ranges_keep_it_fp32():
+    model, inputs = MaskedAttention().eval(), _masked_inputs()
+    gm = amprewrite.transform(model, torch.float16, example_inputs=inputs)
+    assert _sentinel_literals(gm) == [torch.finfo(torch.float32).min]
+    assert not rewrites(gm, "freeze_dtype_reads")
+    with torch.no_grad():
+        assert torch.isfinite(gm(*inputs)).all()
+
+
+def test_t5_with_a_left_padded_decoder_transforms_in_bf16_within_autocasts_error():
+    """The zoo T5 with padding in both masks: before, the bf16 transform's check failed
+    (output error 0.242 against autocast's 0.006: NaN from the decoder's padded rows)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                num_heads=4, decoder_start_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    mask, dmask = torch.ones(2, 10, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    mask[1, 6:], dmask[1, :2] = 0, 0
+    inputs = {"input_ids": torch.randint(0, 256, (2, 10), generator=g), "attention_mask": mask,
+              "decoder_input_ids": torch.randint(0, 256, (2, 5), generator=g),
+              "decoder_attention_mask": dmask}
+    gm = amprewrite.transform(model, torch.bfloat16, example_inputs=inputs)  # verified
+    with torch.no_grad():
+        ref, out = model(**inputs).logits, gm(**inputs).logits
+        with torch.autocast("cpu", torch.bfloat16):
+            auto = model(**inputs).logits.float()
+    assert torch.isfinite(out).all()
+    err = float((out - ref).norm() / ref.norm())
+    assert err <= 1.5 * float((auto - ref).norm() / ref.norm()) + 1e-3, err

@@ -91,6 +91,8 @@ EXTENDED: tuple[str, ...] = (
     "tests/training/test_fsdp_orders.py",
     "tests/training/test_distributed.py",
     "tests/training/test_sharding.py::test_fully_shard_gathers_float8_the_weights_the_plan_runs_in_float8",
+    # Default run: the mask sentinel's rewrite on a small attention with fully masked rows.
+    "tests/passes/test_freeze_dtype_reads.py::test_t5_with_a_left_padded_decoder_transforms_in_bf16_within_autocasts_error",
     # Property searches: the example-based tests of the same properties stay.
     "tests/test_fuzz.py::test_transform_properties",
     "tests/test_fuzz_positions.py",

@@ -47,26 +47,30 @@ _FP32_MAX = torch.finfo(torch.float32).max
 _BF16_MAX = torch.finfo(torch.bfloat16).max
 
 
-def _bf16_sentinel(value: object) -> object:
+def _bf16_sentinel(value: object, found: list[str]) -> object:
+    """``value`` with fp32's finfo extremes as bf16's (those it replaced named in ``found``);
+    in a plain list or tuple too."""
     if isinstance(value, float) and abs(value) == _FP32_MAX:
+        found.append("max" if value > 0 else "min")
         return _BF16_MAX if value > 0 else -_BF16_MAX
-    if isinstance(value, (list, tuple)) and any(isinstance(v, float) for v in value):
-        return type(value)(_bf16_sentinel(v) for v in value)
+    if type(value) in (list, tuple):
+        return type(value)(_bf16_sentinel(v, found) for v in value)
     return value
 
 
 def _sentinels(m: Match) -> Replacement | None:
     if m.policy is None or m.policy.dtype != torch.bfloat16:
         return None
-    node = m.node
-    args = tuple(_bf16_sentinel(a) for a in node.args)
-    kwargs = {k: _bf16_sentinel(v) for k, v in node.kwargs.items()}
-    if args == node.args and kwargs == node.kwargs:
+    node, found = m.node, []
+    args = tuple(_bf16_sentinel(a, found) for a in node.args)
+    kwargs = {k: _bf16_sentinel(v, found) for k, v in node.kwargs.items()}
+    if not found:
         return None
     node.args, node.kwargs = args, kwargs
-    return Replacement(node, "finfo(float32).min -> finfo(bfloat16).min",
-                       "fp32's extreme rounds to inf in bf16: a fully masked row's softmax "
-                       "would be NaN; bf16's is what the model computes in bf16")
+    which = "/".join(sorted(set(found)))
+    return Replacement(node, f"finfo(float32).{which} -> finfo(bfloat16).{which}",
+                       "fp32's extreme rounds to inf in bf16 (a fully masked row's softmax "
+                       "would be NaN); bf16's is what the model computes when loaded in bf16")
 
 
 class FreezeDtypeReads(RulePass):

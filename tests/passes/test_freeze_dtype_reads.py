@@ -230,3 +230,21 @@ def test_t5_with_a_left_padded_decoder_transforms_in_bf16_within_autocasts_error
     assert torch.isfinite(out).all()
     err = float((out - ref).norm() / ref.norm())
     assert err <= 1.5 * float((auto - ref).norm() / ref.norm()) + 1e-3, err
+
+
+class Clamped(nn.Module):
+    def forward(self, x):
+        big = torch.finfo(x.dtype).max
+        return (x * 2).clamp(-big, big), torch.full_like(x, big)
+
+
+def test_fp32_max_in_any_argument_becomes_bf16s_and_the_report_says_which():
+    x = torch.randn(3, 4)
+    gm = amprewrite.transform(Clamped(), torch.bfloat16, example_inputs=(x,))
+    big = torch.finfo(torch.bfloat16).max
+    assert sorted(_sentinel_literals(gm)) == [-big, big, big]
+    assert sorted(r.action for r in rewrites(gm, "freeze_dtype_reads")) == [
+        "finfo(float32).max -> finfo(bfloat16).max",
+        "finfo(float32).max/min -> finfo(bfloat16).max/min"]
+    out, full = gm(x)
+    assert torch.equal(out, (x * 2).to(out.dtype)) and torch.isfinite(full).all()

@@ -40,7 +40,7 @@ def loaded_here_only(monkeypatch):
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks
 def pytest_collection_modifyitems(config, items):
     """Mark the tests tests/extended.py lists ``extended``: out of the README's test command,
-    run by ``-m extended`` (CI runs both)."""
+    run by ``-m "extended and not slow"`` (CI runs both)."""
     from tests import extended
 
     for item in extended.extended_items(items):

@@ -3,7 +3,8 @@
 The README's test command must stay under 10 minutes of CPU on a 2-core machine (issue 55:
 it took 15-16). A quarter of that time was dynamo capturing real models, spread over a few
 hundred tests of 2-20 s each. The tests listed here are marked ``extended`` at collection
-(tests/conftest.py): ``python -m pytest -q -n 2 --dist loadfile -m extended`` runs them, and
+(tests/conftest.py): ``python -m pytest -q -n 2 --dist loadfile -m "extended and not slow"``
+runs them (``-m extended`` alone would add the ``slow`` ones among them), and
 ``.ci/run`` runs that command after the README's, so CI still checks every one of them.
 
 Two kinds:
@@ -36,7 +37,7 @@ EXTENDED: tuple[str, ...] = (
     "tests/benchmarks/test_hf_defaults.py::test_a_decode_step_program_taking_a_cache_transforms_with_static_sizes",
     "tests/benchmarks/test_hf_defaults.py::test_pt2_of_a_default_config_model_loads_in_a_process_that_imports_only_torch",
     "tests/benchmarks/test_hf_defaults.py::test_pt2_check_fails_a_program_that_needs_transformers_to_load",
-    # Default run: the overflow benchmark's command and the GPU-budget command on the CPU.
+    # Default run: the overflow benchmark's spread and the GPU-budget command on the CPU.
     "tests/benchmarks/test_fp8_benchmark.py",
     "tests/benchmarks/test_overflow_benchmark.py::test_measure_reports_the_goals_of_the_default_plan",
     # Default run: inductor on transformed and symbolic upsample graphs (bf16); the exact
@@ -52,8 +53,9 @@ EXTENDED: tuple[str, ...] = (
     "tests/precision/test_float8.py::test_deploy_pt2_and_aoti_take_fp8_graphs_onnx_says_why_not",
     "tests/precision/test_float8.py::test_the_chosen_set_on_zoo_models_is_reported_and_stable",
     "tests/compile/test_one_plan.py::test_a_later_blocks_float8_error_turns_that_linear_to_bf16_in_every_plan",
-    # Default run: fullgraph compiles of writes through views, the API's quickstart, the
-    # backend's inner inductor; the upsample graphs under inductor.
+    # Default run: fullgraph compiles of writes through views, BLOOM's gelu function and
+    # diffusers' UNet1D, the API's quickstart, the backend's inner inductor; the upsample
+    # graphs under inductor.
     "tests/compile/test_fullgraph.py::test_zoo_model_compiles_with_fullgraph",
     "tests/compile/test_fullgraph.py::test_a_graph_returning_a_transformers_cache_compiles_with_fullgraph",
     "tests/compile/test_fullgraph.py::test_custom_autograd_function_keeps_its_backward_and_compiles",
@@ -93,7 +95,8 @@ EXTENDED: tuple[str, ...] = (
     "tests/training/test_sharding.py::test_fully_shard_gathers_float8_the_weights_the_plan_runs_in_float8",
     # Default run: the mask sentinel's rewrite on a small attention with fully masked rows.
     "tests/passes/test_freeze_dtype_reads.py::test_t5_with_a_left_padded_decoder_transforms_in_bf16_within_autocasts_error",
-    # Property searches: the example-based tests of the same properties stay.
+    # Property searches: the example-based tests of the same properties stay (test_fuzz.py's
+    # cases found by fuzzing, test_conversions.py's position spellings, test_plan.py's cuts).
     "tests/test_fuzz.py::test_transform_properties",
     "tests/test_fuzz_positions.py",
     "tests/precision/test_plan.py::test_exhaustive_small_cuts_agree_with_networkx",

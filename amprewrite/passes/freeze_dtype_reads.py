@@ -16,8 +16,9 @@ left-padded decoder row) gave NaN in softmax, which the next layer spread to eve
 Matches:   ``torch.where(mask, bias, -3.4028234663852886e+38)``   (with ``dtype=bf16``)
 Rewrite to: ``torch.where(mask, bias, -3.3895313892515355e+38)``
 
-the value the model computes when loaded in bfloat16 (``finfo(bfloat16).min``). fp16 needs no
-such rewrite: the recorded ranges keep values past its range in fp32.
+the value the model computes when loaded in bfloat16 (``finfo(bfloat16).min``). fp16 is left
+alone: with example inputs (``transform``'s, the backend's), the ranges recorded on them keep
+values past its range in fp32.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from .api import transform
     from .compile.backend import amprewrite_backend, backend
     from .compile.generation import for_generation
+    from .compile.optimizer import optimizer
     from .compile.scaler import GradScaler
     from .compile.sharding import fully_shard
     from .errors import (
@@ -54,6 +55,7 @@ _EXPORTS = {
                      "SignatureError", "VerificationError"), "errors"),
     "Float8": "precision.float8",
     "for_generation": "compile.generation",
+    "optimizer": "compile.optimizer",
     "GradScaler": "compile.scaler",
     **dict.fromkeys(("CheckResult", "NodeError", "check_numerics", "find_fp32_nodes"),
                     "show.numerics"),
@@ -95,6 +97,7 @@ __all__ = [
     "find_fp32_nodes",
     "for_generation",
     "fully_shard",
+    "optimizer",
     "override_families",
     "register_family",
     "report",

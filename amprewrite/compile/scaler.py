@@ -43,6 +43,15 @@ class GradScaler(torch.amp.GradScaler):
         super().__init__(*args, **kwargs)
         self.overflows = 0  # steps whose gradients were not finite
 
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor,
+                        found_inf: torch.Tensor, allow_fp16: bool) -> dict:
+        # torch refuses fp16 gradients here (an fp16 master would lose them); amprewrite's
+        # optimizer stores fp16 weights on purpose and keeps fp32 masters where they are needed
+        from .optimizer import Optimizer
+
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf,
+                                       allow_fp16 or isinstance(optimizer, Optimizer))
+
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """``torch.amp.GradScaler.update``; first, where this step found inf, mark the plans."""
         if self._enabled and self._per_optimizer_states:

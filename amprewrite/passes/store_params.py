@@ -73,6 +73,7 @@ class StoreParams(Pass):
             changed = True
         if trained:
             _say_low_copies_train(gm, trained, self.policy.dtype)
+            _own_the_rest(gm)
         return changed
 
     def _rows_up(self, gm: fx.GraphModule, lookup: fx.Node) -> None:
@@ -83,6 +84,24 @@ class StoreParams(Pass):
         for r in readers:
             r.replace_input_with(lookup, up)
         lookup.meta[M.LABEL] = LOW
+
+
+def _own_the_rest(gm: fx.GraphModule) -> None:
+    """In train mode the graph trains its own tensors: the fp32 parameters and buffers it
+    still shares with the caller's model (norm scales, BatchNorm statistics) become copies too,
+    so that ``amprewrite.optimizer(gm, ...)`` trains ``gm`` and never the caller's model. Tied
+    names stay tied (one copy for all of a tensor's names)."""
+    copies: dict[int, torch.Tensor] = {}
+    for name, p in list(gm.named_parameters(remove_duplicate=False)):
+        if p.dtype == torch.float32:
+            new = copies.setdefault(id(p), nn.Parameter(p.detach().clone(),
+                                                        requires_grad=p.requires_grad))
+            set_attr(gm, name, new)
+    for name, b in list(gm.named_buffers(remove_duplicate=False)):
+        owner = gm.get_submodule(name.rpartition(".")[0])
+        leaf = name.rpartition(".")[2]
+        set_attr(gm, name, copies.setdefault(id(b), b.detach().clone()),
+                 persistent=leaf not in owner._non_persistent_buffers_set)
 
 
 def _is_lookup(node: fx.Node, table: list[fx.Node]) -> bool:
@@ -111,9 +130,11 @@ def _say_low_copies_train(gm: fx.GraphModule, targets: list[str], low: torch.dty
     text = (f"params='low' in train mode: {len(targets)} weights ({', '.join(targets[:3])}"
             f"{', ...' if len(targets) > 3 else ''}) are {low} copies in the graph, so backward "
             "gives gradients to those copies (gm.parameters()) and none to the model's own "
-            "parameters: an optimizer over model.parameters() would train nothing. To train "
-            "the model's weights use params='fp32' (the default: the graph shares them); to "
-            "train the low copies, optimize gm.parameters()")
+            "parameters, and the graph's other parameters and buffers are copies too (the "
+            "model is never modified): an optimizer over model.parameters() would train "
+            "nothing. Train the graph with amprewrite.optimizer(gm, torch.optim.AdamW, ...), "
+            "which keeps an fp32 master or a compensation where a low weight would lose its "
+            "updates; or use params='fp32' (the default: the graph shares the model's weights)")
     report = gm.meta.get(REPORT_KEY)
     if report is not None:
         report.notes.append(text)

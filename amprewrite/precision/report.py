@@ -18,8 +18,8 @@ from .policy import Policy, matches
 from .ranges import ValueRange
 
 __all__ = ["CAPTURE_TOOL", "POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport",
-           "PlanEvent", "Report", "Rewrite", "decisions_of", "record", "report", "text_table",
-           "transform_notes"]
+           "PlanEvent", "Report", "Rewrite", "StateDecision", "decisions_of", "record", "report",
+           "text_table", "transform_notes"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,19 @@ class Decision:
 
 
 @dataclass
+class StateDecision:
+    """How :func:`amprewrite.optimizer` stores one tensor of the training state: a weight
+    (``tensor="weight"``) or one of its optimizer states (``"exp_avg"``, ...), and why."""
+
+    param: str
+    tensor: str
+    storage: str  # low / low+sr / low+kahan / fp32 master / fp32
+    dtype: str
+    reason: str
+    step: int  # the optimizer step that made the choice (0: before the first)
+
+
+@dataclass
 class Report:
     """What :func:`amprewrite.transform` did. ``print(report)`` shows a readable summary.
 
@@ -73,6 +86,7 @@ class Report:
     decisions: list[Decision] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    training_state: list[StateDecision] = field(default_factory=list)  # amprewrite.optimizer's
 
     @property
     def casts(self) -> list[Rewrite]:
@@ -121,6 +135,11 @@ class Report:
             lines += [f"  {d.node} ({d.module_path or '-'}): {d.fp8}" for d in fp8]
         lines.append("precision decisions:")
         lines.append(self.table())
+        if self.training_state:
+            lines.append("training state (amprewrite.optimizer):")
+            lines += [f"  {d.param}{'' if d.tensor == 'weight' else ':' + d.tensor}: "
+                      f"{d.storage} ({d.dtype}, step {d.step}) — {d.reason}"
+                      for d in self.training_state]
         return "\n".join(lines)
 
 

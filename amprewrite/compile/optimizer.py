@@ -402,10 +402,10 @@ class Optimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 count += p.numel()
                 out["weights"] += _nbytes(p)
+                st = self.state.get(p, {})
                 # a gradient is as large as its weight while backward and step run, even where
                 # zero_grad() has freed it since
-                out["grads"] += _nbytes(p) if p.requires_grad else 0
-                st = self.state.get(p, {})
+                out["grads"] += _nbytes(p) if p.grad is not None or st else 0
                 out["masters"] += _nbytes(st["master"]) if "master" in st else 0
                 out["compensations"] += _nbytes(st["comp"]) if "comp" in st else 0
                 out["states"] += sum(_nbytes(v) for v in st.get("inner", {}).values()

@@ -40,14 +40,19 @@ class StoreParams(Pass):
     def run(self, gm: fx.GraphModule) -> bool:
         if self.policy.params != "low":
             return False
-        by_target: dict[str, list[fx.Node]] = defaultdict(list)
+        # One group per tensor, not per name: a tied weight read under two names (an
+        # embedding and the head a symbolic trace reads it through) is stored low only when
+        # every reader under every name is low.
+        by_tensor: dict[int, list[fx.Node]] = defaultdict(list)
         for node in M.each_node(gm.graph, "get_attr"):
-            by_target[str(node.target)].append(node)
+            if _is_param(gm, str(node.target)):
+                by_tensor[id(gm.get_parameter(str(node.target)))].append(node)
         changed = False
         trained: list[str] = []
-        for target, nodes in by_target.items():
-            value = gm.get_parameter(target) if _is_param(gm, target) else None
-            if value is None or value.dtype != torch.float32:
+        for nodes in by_tensor.values():
+            target = str(nodes[0].target)
+            value = gm.get_parameter(target)
+            if value.dtype != torch.float32:
                 continue
             users = [u for n in nodes for u in n.users]
             lookups = [u for u in users if _is_lookup(u, nodes)]
@@ -56,7 +61,8 @@ class StoreParams(Pass):
                 continue
             low = nn.Parameter(value.detach().to(self.policy.dtype),
                                requires_grad=value.requires_grad)
-            set_attr(gm, target, low)
+            for name in _names_of(gm, value):  # a tied weight stays tied (GPT-2's head)
+                set_attr(gm, name, low)
             trained += [target] if gm.training and low.requires_grad else []
             for node in nodes:
                 node.meta[M.ORIG] = M.info_from_value(value)
@@ -84,6 +90,10 @@ class StoreParams(Pass):
         for r in readers:
             r.replace_input_with(lookup, up)
         lookup.meta[M.LABEL] = LOW
+
+
+def _names_of(gm: nn.Module, value: torch.Tensor) -> list[str]:
+    return [n for n, p in gm.named_parameters(remove_duplicate=False) if p is value]
 
 
 def _own_the_rest(gm: fx.GraphModule) -> None:

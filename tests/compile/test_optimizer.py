@@ -405,3 +405,38 @@ def test_a_state_from_other_parameters_is_refused():
                                  torch.optim.AdamW)
     with pytest.raises(PolicyError, match="same parameters"):
         opt.load_state_dict(other.state_dict())
+
+
+class _Tied(nn.Module):
+    """An embedding whose table is also the head's weight (GPT-2, T5, tied LLaMAs)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.norm = nn.Embedding(50, 16), nn.LayerNorm(16)
+        self.head = nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.norm(self.emb(ids)))
+
+
+@pytest.mark.parametrize("capture", ["symbolic_trace", "dynamo"])
+def test_a_tied_weight_is_one_low_parameter_under_both_names(capture):
+    model = _Tied().train()
+    ids = torch.randint(0, 50, (4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gm = amprewrite.transform(model, "bf16", params="low", verify=False,
+                                  **({"example_inputs": (ids,)} if capture == "dynamo" else {}))
+    assert gm.get_parameter("head.weight") is gm.get_parameter("emb.weight")
+    assert gm.get_parameter("emb.weight").dtype == BF16
+    opt = amprewrite.optimizer(gm, torch.optim.AdamW, lr=1e-2, warmup=2)
+    for _ in range(3):
+        nn.functional.cross_entropy(gm(ids).flatten(0, 1), ids.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+    plain = _Tied()
+    plain.load_state_dict(gm.state_dict())
+    assert torch.equal(plain.head.weight, gm.get_parameter("emb.weight").float())
+    assert not torch.equal(plain.head.weight, model.head.weight)  # trained, in both names

@@ -30,6 +30,11 @@
                                         # loss over 100 steps of fp32, torchtitan bf16 and
                                         # amprewrite.fully_shard (options: python -m
                                         # benchmarks.sharding --help)
+    python -m benchmarks state          # the training state: bytes a parameter, loss over 300
+                                        # steps of real text, bytes of a compiled train step;
+                                        # fp32, autocast, naive bf16, params="low" +
+                                        # amprewrite.optimizer (options: python -m benchmarks
+                                        # state --help)
     python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
                                         # (its own venv: python -m benchmarks.modelopt_autocast
                                         # --help)
@@ -128,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sharding"]:  # its own options (--worlds, --steps, --recipes, --out)
         sharding.main(argv[1:])
         return 0
+    if argv[:1] == ["state"]:  # its own options (--parts, --steps, --lr, --out)
+        from .training import state
+
+        state.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
@@ -135,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "mutants", "memory", "deploy",
-                                         "modelopt", "overflow", "fp8", "sharding"])
+                                         "modelopt", "overflow", "fp8", "sharding", "state"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

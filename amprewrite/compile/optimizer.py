@@ -19,8 +19,10 @@ changes once the gradient settles. So the optimizer measures before it decides:
   ==================  ==========================  =============================================
   ``low``             2                            90% of updates are at least 1 ulp and at
                                                    most 1% are below half an ulp
-  ``low+sr``          2 (a seeded generator)       updates are at least half an ulp (median):
-                                                   stochastic rounding keeps their mean
+  ``low+sr``          2 (a seeded generator)       updates are at least a quarter of an ulp
+                                                   (median): stochastic rounding keeps their
+                                                   mean, its noise a random walk of at most
+                                                   half an ulp a step
   ``fp32 master``     6                            smaller updates in a tensor of at most 4096
                                                    elements (the copy costs next to nothing)
   ``low+kahan``       4 (one more low tensor)      updates down to 1/64 ulp (median): the
@@ -156,7 +158,7 @@ def choose_weight(ratio: Ratio | None, numel: int) -> tuple[str, str]:
         return LOW, "no update in the measured steps: low storage loses nothing"
     if ratio.q10 >= 1 and ratio.lost <= 0.01:
         return LOW, f"{ratio}: round-to-nearest keeps them"
-    if ratio.median >= 0.5:
+    if ratio.median >= 0.25:
         return SR, f"{ratio}: stochastic rounding keeps their mean"
     if numel <= SMALL:
         return MASTER, f"{ratio}: fp32 master ({numel} elements: {4 * numel} bytes)"
@@ -344,7 +346,7 @@ class Optimizer(torch.optim.Optimizer):
                 st = self.state.get(p)
                 if not st or st["storage"] == FP32 or not st["ratios"]:
                     continue
-                ratios = {k: _smallest(v) for k, v in st["ratios"].items()}
+                ratios = {k: _typical(v) for k, v in st["ratios"].items()}
                 st["ratios"] = {}
                 storage, reason = choose_weight(ratios.get("weight"), p.numel())
                 self._move(p, st, storage)
@@ -475,11 +477,12 @@ class Optimizer(torch.optim.Optimizer):
         self._publish()
 
 
-def _smallest(ratios: list[Ratio | None]) -> Ratio | None:
-    """Of the measured steps, the one whose updates were smallest against the ulp: the
-    storage must keep those too."""
-    seen = [r for r in ratios if r is not None]
-    return min(seen, key=lambda r: r.median) if seen else None
+def _typical(ratios: list[Ratio | None]) -> Ratio | None:
+    """Of the measured steps, the one whose median ratio is the median: the first steps are
+    not typical (AdamW's first moves rows an embedding has not seen yet by weight decay
+    alone), and a later change of scale is what the checks every ``check_every`` steps see."""
+    seen = sorted((r for r in ratios if r is not None), key=lambda r: r.median)
+    return seen[len(seen) // 2] if seen else None
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -502,12 +505,16 @@ def _to(value: Any, device: torch.device) -> Any:
 
 def optimizer(params: nn.Module | Iterable[Any],
               optimizer_class: type[torch.optim.Optimizer], *, warmup: int = 10,
-              check_every: int = 100, seed: int = 0, **hyperparameters: Any) -> Optimizer:
+              check_every: int = 100, seed: int = 0, module: nn.Module | None = None,
+              **hyperparameters: Any) -> Optimizer:
     """``optimizer_class`` (any ``torch.optim`` optimizer: AdamW, Adam, SGD, ...) over
     ``params`` (a module, such as :func:`amprewrite.transform`'s GraphModule with
     ``params="low"``, or parameters / param groups as torch optimizers take), storing each
     weight and state as measured (see :mod:`amprewrite.compile.optimizer`). The
-    hyperparameters are the wrapped optimizer's.
+    hyperparameters are the wrapped optimizer's. ``warmup``: the steps measured (in fp32)
+    before the first decision; ``check_every``: the steps between later decisions; ``seed``:
+    the stochastic rounding's generators; ``module``: where ``params`` are param groups, the
+    module whose names (and report) they take.
 
     >>> import torch, amprewrite
     >>> lin = torch.nn.Linear(64, 64).bfloat16()
@@ -531,11 +538,12 @@ def optimizer(params: nn.Module | Iterable[Any],
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise PolicyError(f"amprewrite.optimizer: {name} must be a positive int (steps), "
                               f"not {value!r}")
-    graph = params if isinstance(params, nn.Module) else None
+    graph = params if isinstance(params, nn.Module) else module
     names: dict[torch.Tensor, str] = {}
     if graph is not None:
         names = {p: n for n, p in graph.named_parameters()}
-        params = [p for p in graph.parameters() if p.requires_grad]
+    if isinstance(params, nn.Module):
+        params = [p for p in params.parameters() if p.requires_grad]
     params = list(params)
     if not params:
         raise PolicyError("amprewrite.optimizer: no parameters to optimize (the module has none "

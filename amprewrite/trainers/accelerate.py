@@ -15,6 +15,12 @@ which also makes the plan record its ranges again after a step whose gradients o
 accelerate unscales the gradients before ``clip_grad_norm_`` and saves the scaler with
 ``save_state`` as it does its own. transformers' ``Trainer`` trains through an ``Accelerator``:
 :func:`amprewrite.trainers.transformers.enable` does this for it.
+
+With ``params="low"`` the weights the plan reads low are stored low in ``model``
+(:func:`amprewrite.compile.low_params.store_low`), and each torch optimizer
+``accelerator.prepare`` is given becomes an :func:`amprewrite.optimizer` with the same class,
+groups and hyperparameters (use the optimizer ``prepare`` returns, as usual; a scheduler made
+on the torch optimizer drives the new one's learning rate).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 from torch import nn
 
 from ..compile.backend import backend
+from ..compile.low_params import check_params, from_torch, store_low
 from ..compile.scaler import GradScaler
 from ..errors import PolicyError
 from ..precision.policy import parse_dtype
@@ -35,7 +42,8 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | None = None,
-           inner: str | Callable = "inductor", **options: object) -> nn.Module:
+           inner: str | Callable = "inductor", params: str = "fp32",
+           **options: object) -> nn.Module:
     """Compile ``model`` in place with the amprewrite backend and make ``accelerator`` train it
     with the plan instead of autocast; returns ``model``. Call it before
     ``accelerator.prepare``.
@@ -45,6 +53,7 @@ def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | 
         model: the fp32 model, not compiled yet.
         dtype: the low dtype where ``mixed_precision`` is ``"no"``.
         inner: the backend that compiles the planned graphs (``"eager"``: quick on a CPU).
+        params: ``"fp32"`` or ``"low"`` (see the module docstring).
         options: the backend's other options (``keep_fp32``, ``allow_low``, ...).
     """
     low = dtype if dtype is not None else _DTYPES.get(str(accelerator.mixed_precision))
@@ -62,6 +71,15 @@ def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | 
         raise PolicyError(
             "the model was prepared already (accelerator.prepare wrapped its forward in "
             "autocast): call enable() before accelerator.prepare.")
+    if check_params(params, "amprewrite.trainers.accelerate.enable") == "low":
+        store_low(model, low, options.get("keep_fp32", ()))  # type: ignore[arg-type]
+        prepare = accelerator.prepare_optimizer
+
+        def prepare_optimizer(optimizer: torch.optim.Optimizer, *args: object,
+                              **kwargs: object) -> object:
+            return prepare(from_torch(optimizer, model), *args, **kwargs)
+
+        accelerator.prepare_optimizer = prepare_optimizer
     model.compile(backend=backend(inner=inner, dtype=low, **options))
     plan_instead_of_autocast(accelerator, low)
     return model

@@ -10,6 +10,12 @@ an overflow. Lightning's own fp16 recipe (unscale before clipping, skip a non-fi
 scaler's state in the checkpoint) is kept: the plugin is Lightning's ``MixedPrecision`` with the
 autocast taken out and the scaler replaced.
 
+``AmpRewritePrecision("bf16", params="low")`` also stores the weights the plan reads low in the
+networks (:func:`amprewrite.compile.low_params.store_low`) and makes each optimizer
+``configure_optimizers`` returns an :func:`amprewrite.optimizer` with the same class, groups
+and hyperparameters (its schedulers drive the new one's learning rate); gradient clipping and
+the fp16 scaler work with it.
+
     >>> import lightning, amprewrite.trainers.lightning as al  # doctest: +SKIP
     >>> trainer = lightning.Trainer(plugins=[al.AmpRewritePrecision("bf16")])  # doctest: +SKIP
 """
@@ -24,6 +30,8 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 from ..compile.backend import backend
+from ..compile.low_params import check_params, from_torch, store_low
+from ..compile.optimizer import Optimizer
 from ..compile.scaler import GradScaler
 
 __all__ = ["AmpRewritePrecision"]
@@ -47,6 +55,7 @@ class AmpRewritePrecision(MixedPrecision):
             by default each of its direct children that holds parameters (the networks; the
             ``training_step`` around them is user code: logging, losses, Python).
         scaler: an :class:`amprewrite.GradScaler` to use in fp16 (one is made otherwise).
+        params: ``"fp32"`` or ``"low"`` (see the module docstring).
 
     Each module is compiled in place with ``nn.Module.compile`` (as Lightning plugins convert
     modules in place), so parameter names and checkpoint keys stay those of the model. The plugin
@@ -61,7 +70,7 @@ class AmpRewritePrecision(MixedPrecision):
     def __init__(self, dtype: str | torch.dtype = "bf16", device: str | None = None,
                  options: Mapping[str, Any] | None = None,
                  modules: Callable[[torch.nn.Module], Iterable[torch.nn.Module]] | None = None,
-                 scaler: GradScaler | None = None) -> None:
+                 scaler: GradScaler | None = None, params: str = "fp32") -> None:
         name = _ALIASES.get(dtype)
         if name is None:
             raise ValueError(
@@ -81,13 +90,51 @@ class AmpRewritePrecision(MixedPrecision):
         self.options = dict(options or {})
         self.options.pop("dtype", None)
         self.modules = modules or _networks
+        self.params = check_params(params, "AmpRewritePrecision")
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Compile the networks of ``module`` with the amprewrite backend (in place)."""
         compile_with = backend(dtype=self.dtype, **self.options)
+        low = torch.bfloat16 if self.dtype == "bf16" else torch.float16
         for network in self.modules(module):
+            if self.params == "low":
+                store_low(network, low, self.options.get("keep_fp32", ()))
             network.compile(backend=compile_with)
         return module
+
+    def connect(self, model: torch.nn.Module, optimizers: list, lr_schedulers: list
+                ) -> tuple[torch.nn.Module, list, list]:
+        """With ``params="low"``: each optimizer an amprewrite.optimizer over the same groups."""
+        if self.params == "low":
+            optimizers = [from_torch(o, model) for o in optimizers]
+        return model, optimizers, lr_schedulers
+
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any],
+                       **kwargs: Any) -> Any:
+        """Lightning's fp16 step, with the unscale before clipping that Lightning leaves to an
+        optimizer that says it unscales itself (amprewrite's unscales what it was not given
+        unscaled, so both orders are right)."""
+        if self.scaler is None or not isinstance(optimizer, Optimizer):
+            return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+        result = closure()
+        if result is None and model.automatic_optimization:  # backward skipped
+            return None
+        self.scaler.unscale_(optimizer)
+        self._after_closure(model, optimizer)
+        out = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        return out
+
+    def clip_gradients(self, optimizer: Any, clip_val: int | float = 0.0,
+                       gradient_clip_algorithm: Any = None) -> None:
+        """Lightning's clipping; amprewrite's optimizer is given unscaled gradients first."""
+        from lightning.pytorch.plugins.precision import Precision
+        from lightning.pytorch.utilities import GradClipAlgorithmType
+
+        algorithm = gradient_clip_algorithm or GradClipAlgorithmType.NORM
+        if isinstance(optimizer, Optimizer):
+            return Precision.clip_gradients(self, optimizer, clip_val, algorithm)
+        return super().clip_gradients(optimizer, clip_val, algorithm)
 
     @contextlib.contextmanager
     def forward_context(self) -> Generator[None, None, None]:

@@ -25,6 +25,12 @@ What it does, and why each step (DESIGN.md, "Where people train"):
   gradients before ``max_grad_norm`` clipping and saves the scaler in checkpoints as usual. On
   a CPU, where accelerate has no fp16 autocast and ``Trainer(fp16=True)`` alone trains in fp32
   with no scaler, this is what makes fp16 training happen at all.
+- **With** ``params="low"`` the weights the plan reads low (linear, convolution, embedding)
+  are stored low in the model (:func:`amprewrite.compile.low_params.store_low`) and the
+  Trainer's optimizer (its ``optim`` and hyperparameters, its weight-decay groups) becomes an
+  :func:`amprewrite.optimizer`: fp32 masters, compensations or stochastic rounding where a low
+  weight would lose its updates, bf16 states. Checkpoints hold the low weights;
+  ``from_pretrained(dir, dtype=torch.float32)`` loads them into an fp32 model.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from collections.abc import Callable
 import torch
 
 from ..compile.backend import backend
+from ..compile.low_params import check_params, from_torch, store_low
 from ..errors import PolicyError
 from .accelerate import plan_instead_of_autocast
 
@@ -41,7 +48,8 @@ __all__ = ["enable"]
 
 
 def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
-           inner: str | Callable = "inductor", **options: object) -> object:
+           inner: str | Callable = "inductor", params: str = "fp32",
+           **options: object) -> object:
     """Train ``trainer`` (a ``transformers.Trainer``) with amprewrite's plan; returns it.
 
     Args:
@@ -50,6 +58,8 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
             bfloat16).
         inner: the backend that compiles the planned graphs (``"inductor"``; ``"eager"`` runs
             them as they are, quick to start on a CPU).
+        params: ``"fp32"`` (fp32 weights, cast in the graph) or ``"low"`` (stored low and
+            trained by :func:`amprewrite.optimizer`; see the module docstring).
         options: the backend's other options (``keep_fp32``, ``allow_low``, ``overflow``, ...;
             docs/guide.md, "The torch.compile backend").
 
@@ -93,6 +103,24 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
         raise PolicyError(
             f"{type(model).__name__} is compiled already (model.compile()); give the Trainer "
             "the model as it is and let enable() compile it with the amprewrite backend.")
+    if check_params(params, "amprewrite.trainers.transformers.enable") == "low":
+        store_low(model, low, options.get("keep_fp32", ()))  # type: ignore[arg-type]
+        _optimizer_keeps_updates(trainer)
     model.compile(backend=backend(inner=inner, dtype=low, **options))
     plan_instead_of_autocast(trainer.accelerator, low)
     return trainer
+
+
+def _optimizer_keeps_updates(trainer: object) -> None:
+    """The Trainer's optimizer, made as the Trainer makes it, then an amprewrite.optimizer."""
+    if trainer.optimizer is not None:  # Trainer(optimizers=(opt, scheduler)): swap it now
+        trainer.optimizer = from_torch(trainer.optimizer, trainer.model)
+        return
+    make = trainer.create_optimizer
+
+    def create_optimizer(*args: object, **kwargs: object) -> torch.optim.Optimizer:
+        made = make(*args, **kwargs)
+        trainer.optimizer = from_torch(made, trainer.model)
+        return trainer.optimizer
+
+    trainer.create_optimizer = create_optimizer

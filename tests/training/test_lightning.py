@@ -126,3 +126,47 @@ def test_per_block_modules(net, tmp_path, fp32_losses):
     assert model.net._compiled_call_impl is None
     torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(fp32_losses[:2]),
                                rtol=RTOL["fp16"], atol=0)
+
+
+class AdamWLM(CausalLM):
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3, weight_decay=0.01)
+        return [opt], [{"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5),
+                        "interval": "step"}]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_params_low_trains_with_amprewrites_optimizer_and_resumes(net, tmp_path, dtype):
+    """``AmpRewritePrecision(..., params="low")``: low weights in the network, the AdamW of
+    configure_optimizers an amprewrite.optimizer (its StepLR still halves the rate), clipping
+    at 1.0 (and the fp16 scaler) working, losses within 2% of the same recipe in fp32, and a
+    checkpoint that resumes with the optimizer's state."""
+    from amprewrite.compile.optimizer import Optimizer
+
+    def fit(steps, plugins=(), ckpt=None):
+        torch._dynamo.reset()
+        model = AdamWLM(copy.deepcopy(net))
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps,
+                             gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path, plugins=list(plugins))
+        trainer.fit(model, torch.utils.data.DataLoader(_batches(), batch_size=None),
+                    ckpt_path=ckpt)
+        return model, trainer
+
+    plugin = lambda: AmpRewritePrecision(dtype, device="cpu", params="low",  # noqa: E731
+                                         options={"inner": "eager"})
+    ref, _ = fit(STEPS)
+    model, trainer = fit(STEPS, [plugin()])
+    low = torch.bfloat16 if dtype == "bf16" else torch.float16
+    assert model.net.model.layers[0].mlp.down_proj.weight.dtype == low
+    assert model.net.model.norm.weight.dtype == torch.float32
+    opt = trainer.optimizers[0]
+    assert isinstance(opt, Optimizer) and opt.steps == STEPS
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5**STEPS)
+    torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(ref.losses),
+                               rtol=0.02, atol=0)
+    ckpt = tmp_path / "low.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed, trainer = fit(STEPS + 1, [plugin()], ckpt=str(ckpt))
+    assert trainer.optimizers[0].steps == STEPS + 1 and len(resumed.losses) == 1

@@ -65,7 +65,11 @@ def _policy(options: Mapping[str, object]) -> tuple[Policy, Inner]:
     if opts.get("params", "fp32") != "fp32":
         raise PolicyError(
             "the torch.compile backend receives parameters as graph inputs and casts them in "
-            "the graph; params='low' needs amprewrite.transform(model, params='low')."
+            "the graph, so it cannot store them: for params='low' store them low in the model "
+            "before compiling (amprewrite.compile.low_params.store_low(model, dtype); the "
+            "trainer switches take params='low' and do it), train with "
+            "amprewrite.optimizer(model, torch.optim.AdamW, ...), or use "
+            "amprewrite.transform(model, params='low')."
         )
     for key in ("keep_fp32", "allow_low"):
         if isinstance(opts.get(key), (list, set)):

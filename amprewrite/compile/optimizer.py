@@ -53,6 +53,7 @@ parameter's step only.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Iterable
@@ -239,8 +240,10 @@ class Optimizer(torch.optim.Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return torch.zeros(())
-        return torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+        squares = torch.stack([_local(g).float().square().sum() for g in grads]).sum()
+        if any(_local(g) is not g for g in grads) and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(squares)  # FSDP2 shards: the sum over every rank's
+        return squares.sqrt()
 
     def _clip_factor(self, inv: float | None) -> float:
         max_norm, self._clip = self._clip, None
@@ -257,12 +260,14 @@ class Optimizer(torch.optim.Optimizer):
         inner, work = self._inner_of(p, hyper)
         weight = self._materialise(p, st)
         before = weight.clone() if measuring and st["storage"] != FP32 else None
-        grad = p.grad.float() if p.grad.dtype != torch.float32 else p.grad
+        grad = _local(p.grad)
+        grad = grad.float() if grad.dtype != torch.float32 else grad
         if inv is not None or clip != 1.0:
             grad = grad * ((inv or 1.0) * clip)
-        states = {k: (v.float() if _like(v, p) else v) for k, v in st["inner"].items()}
+        local = _local(p)
+        states = {k: (v.float() if _like(v, local) else v) for k, v in st["inner"].items()}
         olds = {k: v.clone() for k, v in states.items()
-                if before is not None and _like(v, p)}
+                if before is not None and _like(v, local)}
         work.data, work.grad = weight, grad
         inner.state[work] = states
         inner.step()
@@ -280,7 +285,7 @@ class Optimizer(torch.optim.Optimizer):
                       "the plan reads it in fp32: stored as it is, with fp32 states")
         else:
             st["storage"] = MASTER  # the warm-up: fp32's steps while the ratios are measured
-            st["master"] = p.detach().float()
+            st["master"] = _local(p).detach().float()
             self._say(p, "weight", MASTER, p.dtype,
                       f"warm-up: fp32 master for {self.warmup} steps while updates are measured")
 
@@ -296,10 +301,10 @@ class Optimizer(torch.optim.Optimizer):
     def _materialise(self, p: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
         """The weight in fp32: the parameter itself, its master, or low value + compensation."""
         if st["storage"] == FP32:
-            return p.data
+            return _local(p).detach()
         if "master" in st:
             return st["master"]
-        weight = p.detach().float()
+        weight = _local(p).detach().float()
         return weight.add_(st["comp"].float()) if "comp" in st else weight
 
     def _store_weight(self, p: torch.Tensor, st: dict[str, Any], weight: torch.Tensor,
@@ -309,16 +314,17 @@ class Optimizer(torch.optim.Optimizer):
             return
         if before is not None:
             st["ratios"].setdefault("weight", []).append(measure(before, weight, p.dtype))
+        local = _local(p)
         if storage == SR:
-            p.data.copy_(stochastic_round(weight, p.dtype, self._generator(p.device)))
+            local.copy_(stochastic_round(weight, p.dtype, self._generator(local.device)))
         else:
-            p.data.copy_(weight)  # round to nearest (exact where the master is kept)
+            local.copy_(weight)  # round to nearest (exact where the master is kept)
         if storage == KAHAN:
-            st["comp"].copy_(weight - p.data.float())
+            st["comp"].copy_(weight - local.float())
 
     def _store_state(self, p: torch.Tensor, st: dict[str, Any], key: str, value: Any,
                      before: torch.Tensor | None) -> Any:
-        if not _like(value, p):
+        if not _like(value, _local(p)):
             return value
         if st["storage"] == FP32:
             st["inner_storage"][key] = FP32
@@ -341,6 +347,7 @@ class Optimizer(torch.optim.Optimizer):
     # ------------------------------------------------------------------------ decisions
     def _decide(self) -> None:
         """After the warm-up and at each check: every tensor's storage from its ratio."""
+        self._agree()
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state.get(p)
@@ -352,7 +359,7 @@ class Optimizer(torch.optim.Optimizer):
                 self._move(p, st, storage)
                 self._say(p, "weight", storage, p.dtype, reason)
                 for key in st["inner"]:
-                    if _like(st["inner"][key], p):
+                    if _like(st["inner"][key], _local(p)):
                         storage, reason = choose_state(ratios.get(key))
                         st["inner_storage"][key] = storage
                         st["inner"][key] = st["inner"][key].float().to(STATE_DTYPE) \
@@ -360,6 +367,33 @@ class Optimizer(torch.optim.Optimizer):
                                 st["inner"][key], STATE_DTYPE, self._generator(p.device))
                         self._say(p, key, storage, STATE_DTYPE, reason)
         self._publish()
+
+    def _agree(self) -> None:
+        """Sharded parameters (FSDP2's DTensors): the ratios of every rank's shard, averaged
+        over the ranks in one all-reduce, so that every rank stores a parameter's shards
+        alike and says the same reason. Every rank steps every parameter (FSDP2 and DDP
+        do), so the tensors line up."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return
+        params = [p for g in self.param_groups for p in g["params"]
+                  if self.state.get(p) and self.state[p]["storage"] != FP32]
+        if not any(_local(p) is not p for p in params):
+            return
+        slots = [(self.state[p], key) for p in params
+                 for key in ["weight", *sorted(k for k, v in self.state[p]["inner"].items()
+                                               if _like(v, _local(p)))]]
+        fields = [f.name for f in dataclasses.fields(Ratio)]
+        table = torch.zeros(len(slots), 1 + len(fields), dtype=torch.float64)
+        for i, (st, key) in enumerate(slots):
+            r = _typical(st["ratios"].get(key, []))
+            if r is not None:
+                table[i] = torch.tensor([1.0, *(getattr(r, f) for f in fields)])
+        device = _local(params[0]).device
+        table = table.to(device)
+        torch.distributed.all_reduce(table)
+        for (st, key), row in zip(slots, table.cpu().tolist()):
+            st["ratios"][key] = [Ratio(**{f: v / row[0] for f, v in zip(fields, row[1:])})
+                                 if row[0] else None]
 
     def _move(self, p: torch.Tensor, st: dict[str, Any], storage: str) -> None:
         """Change a weight's storage without losing what the old one held."""
@@ -370,9 +404,10 @@ class Optimizer(torch.optim.Optimizer):
         st.pop("comp", None)
         if storage == MASTER:
             st["master"] = weight
-        p.data.copy_(weight)
+        local = _local(p)
+        local.copy_(weight)
         if storage == KAHAN:
-            st["comp"] = (weight - p.data.float()).to(p.dtype)
+            st["comp"] = (weight - local.float()).to(p.dtype)
         st["storage"] = storage
 
     def _say(self, p: torch.Tensor, tensor: str, storage: str, dtype: torch.dtype,
@@ -402,16 +437,17 @@ class Optimizer(torch.optim.Optimizer):
         count = 0
         for group in self.param_groups:
             for p in group["params"]:
-                count += p.numel()
-                out["weights"] += _nbytes(p)
+                shard = _local(p)  # on its rank, a DTensor's bytes are its shard's
+                count += shard.numel()
+                out["weights"] += _nbytes(shard)
                 st = self.state.get(p, {})
                 # a gradient is as large as its weight while backward and step run, even where
                 # zero_grad() has freed it since
-                out["grads"] += _nbytes(p) if p.grad is not None or st else 0
+                out["grads"] += _nbytes(shard) if p.grad is not None or st else 0
                 out["masters"] += _nbytes(st["master"]) if "master" in st else 0
                 out["compensations"] += _nbytes(st["comp"]) if "comp" in st else 0
                 out["states"] += sum(_nbytes(v) for v in st.get("inner", {}).values()
-                                     if _like(v, p))
+                                     if _like(v, shard))
         out["total"] = sum(out.values())
         out["params"] = count
         return out
@@ -483,6 +519,12 @@ def _typical(ratios: list[Ratio | None]) -> Ratio | None:
     alone), and a later change of scale is what the checks every ``check_every`` steps see."""
     seen = sorted((r for r in ratios if r is not None), key=lambda r: r.median)
     return seen[len(seen) // 2] if seen else None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2's sharded parameters and gradients), or ``t``: the
+    update rules are elementwise, so each rank steps its own shard."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -51,6 +51,7 @@ from torch import nn
 from ..precision.ops import Precision, family_for_module
 from ..precision.policy import Policy, Selector
 from ..precision.ranges import declared_fp32
+from .low_params import check_params
 
 __all__ = ["CommBytes", "Float8Gathered", "ParamShard", "ShardingPlan", "count_comm",
            "dequantized", "float8_gathers", "fully_shard", "gathered_dtype", "sharding_plan"]
@@ -510,7 +511,8 @@ _LOW_DTYPES = (torch.bfloat16, torch.float16)
 
 def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str | None = None,
                 keep_fp32: Iterable[Selector] = (), fp8: object = None,
-                compiled: bool | None = None, **kwargs: Any) -> nn.Module | list[nn.Module]:
+                compiled: bool | None = None, params: str = "fp32",
+                **kwargs: Any) -> nn.Module | list[nn.Module]:
     """``torch.distributed.fsdp.fully_shard`` that gathers in ``dtype`` the parameters the
     precision plan reads low, and reduces gradients in fp32 into fp32 shards.
 
@@ -558,7 +560,7 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
 
     if isinstance(module, (list, tuple)):
         return [fully_shard(m, dtype=dtype, keep_fp32=keep_fp32, fp8=fp8, compiled=compiled,
-                            **kwargs) for m in module]
+                            params=params, **kwargs) for m in module]
     given = kwargs.pop("mp_policy", None)
     reduce_dtype = torch.float32
     if given is not None:
@@ -570,6 +572,8 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
     if dtype is None:
         dtype = torch.bfloat16
     plan = _plan(module, dtype, keep_fp32, kwargs.get("ignored_params"), fp8, compiled)
+    if check_params(params, "amprewrite.fully_shard") == "low":
+        _store_gathered_low(module, plan)
     kind = type(module).__name__  # before FSDP2 renames the class (FSDPLlamaDecoderLayer)
     for note in plan.notes:
         warnings.warn(f"amprewrite.fully_shard: {note}", stacklevel=2)
@@ -610,6 +614,17 @@ def fully_shard(module: nn.Module | list[nn.Module], *, dtype: torch.dtype | str
             state.fsdp_param = by_state[id(state)]
         sharded.set_custom_all_gather(_byte_gather())  # gloo has no float8 dtype
     return sharded
+
+
+def _store_gathered_low(module: nn.Module, plan: ShardingPlan) -> None:
+    """params='low': the parameters the plan gathers low are stored low before FSDP2 shards
+    them, so their shards, gradients and amprewrite.optimizer's states are low and the
+    all-gather needs no cast; gradients are still reduce-scattered in the policy's
+    ``reduce_dtype`` (fp32) and cast to the shard's dtype after."""
+    for name, entry in plan.params.items():
+        p = module.get_parameter(name)
+        if entry.dtype == plan.dtype and p.dtype == torch.float32 and not hasattr(p, "to_local"):
+            p.data = p.data.to(plan.dtype)
 
 
 def _warn_if_compiled(name: str) -> Any:

@@ -121,7 +121,7 @@ def test_options_through_torch_compile():
     ({"dtype": "fp8"}, "bfloat16 or float16"),
     ({"dtyp": "bf16"}, r"unknown amprewrite backend option\(s\) \['dtyp'\] \('dtyp': did you "
                        r"mean 'dtype'\?\); valid: \['allow_low', 'calibration', 'device'"),
-    ({"params": "low"}, "params='low' needs amprewrite.transform"),
+    ({"params": "low"}, r"cannot store them: for params='low' store them low.*store_low"),
     ({"capture": "export"}, "capture= has no meaning here"),
 ])
 def test_bad_options_are_clear(options, match):

@@ -100,6 +100,12 @@ EXTENDED: tuple[str, ...] = (
     "tests/test_fuzz.py::test_transform_properties",
     "tests/test_fuzz_positions.py",
     "tests/precision/test_plan.py::test_exhaustive_small_cuts_agree_with_networkx",
+    # Default run: amprewrite.optimizer's unit tests (tests/compile/test_optimizer.py), the
+    # bf16 params="low" Trainer, accelerate and Lightning runs, the 2-rank low shards.
+    "tests/benchmarks/test_training_state_benchmark.py",
+    "tests/training/test_trainer.py::test_params_low_trains_low_weights_with_amprewrites_optimizer_and_checkpoints[fp16]",
+    "tests/training/test_accelerate.py::test_params_low_prepares_amprewrites_optimizer_and_trains_near_fp32[fp16]",
+    "tests/training/test_lightning.py::test_params_low_trains_with_amprewrites_optimizer_and_resumes[fp16]",
 )
 
 # test (file::function) -> its main parameter: one item of each of its values stays in the

@@ -1,7 +1,8 @@
 """Tables for docs/benchmarks.md, printed from the JSON results (no re-measuring).
 
     python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|capture_llama|
-                                generate|inference|inference_compiled|report_page|fp8
+                                generate|inference|inference_compiled|report_page|fp8|
+                                training_state
 """
 
 from __future__ import annotations
@@ -101,11 +102,30 @@ def fp8(device: str = "cpu") -> str:
     return table(rows, cols)
 
 
+def training_state() -> str:
+    """The three parts of ``python -m benchmarks state``, one table each."""
+    parts = []
+    data = json.loads((RESULTS / "training_state_bytes.json").read_text())
+    rows = [{**r, "storages": ", ".join(f"{k} {v}" for k, v in r.get("storages", {}).items())}
+            for r in data["rows"]]
+    parts.append(table(rows, ["model", "lr", "recipe", "bytes_per_param", "weights", "grads",
+                              "states", "masters", "compensations", "storages"]))
+    data = json.loads((RESULTS / "training_state_loss.json").read_text())
+    rows = [{**r, "by seed": " / ".join(f"{v:.4f}" for v in r["vs_fp32_by_seed"])}
+            for r in data["rows"]]
+    parts.append(table(rows, ["recipe", "final_loss", "vs_fp32", "by seed", "norm_moved_mean",
+                              "norm_unmoved_share", "bytes_per_param", "seconds"]))
+    data = json.loads((RESULTS / "training_state_step.json").read_text())
+    parts.append(table(data["rows"], ["variant", "bytes", "vs_autocast", "kernels", "extern",
+                                      "launches"]))
+    return "\n\n".join(parts)
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
           "loops": loops, "capture": capture, "capture_llama": capture_llama,
           "generate": generate, "inference": inference,
           "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page,
-          "fp8": fp8}
+          "fp8": fp8, "training_state": training_state}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

@@ -171,7 +171,7 @@ class _Fp32Norm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kind, x, arg, weight, bias, eps):
-        xf = x.float()
+        xf = _dense(x.float(), x)
         if kind == "group":
             n, c = x.shape[0], x.shape[1]
             hw = x.numel() // max(n * c, 1)
@@ -190,13 +190,22 @@ class _Fp32Norm(torch.autograd.Function):
         x, weight, bias, mean, rstd = ctx.saved_tensors
         mask = [ctx.needs_input_grad[1], weight is not None and ctx.needs_input_grad[3],
                 bias is not None and ctx.needs_input_grad[4]]
+        xf, grad = _dense(x.float(), x), _dense(grad.float(), x)
         if ctx.kind == "group":
             dx, dw, db = torch.ops.aten.native_group_norm_backward(
-                grad.float(), x.float(), mean, rstd, weight, *ctx.sizes, mask)
+                grad, xf, mean, rstd, weight, *ctx.sizes, mask)
         else:
             dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-                grad.float(), x.float(), ctx.sizes, mean, rstd, weight, bias, mask)
+                grad, xf, ctx.sizes, mean, rstd, weight, bias, mask)
         return None, None if dx is None else dx.to(x.dtype), None, dw, db, None
+
+
+def _dense(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` in the memory format ATen's group and layer norms run in for an input like
+    ``like``: as it is where it is dense in that format (channels-last included), else a
+    contiguous copy, as ``aten.group_norm`` makes (its native kernels refuse other strides: a
+    transposed ``(N, C, L)`` input)."""
+    return t.contiguous(memory_format=_suggest_memory_format(like))
 
 
 _NORMS = {"group": torch.nn.functional.group_norm, "layer": torch.nn.functional.layer_norm}

@@ -409,6 +409,38 @@ def _decision(node: fx.Node, policy: object) -> Decision:
 CAPTURE_TOOL = {"dynamo": "dynamo", "export": "torch.export (non-strict)"}
 
 
+def _output_casts(gm: fx.GraphModule, policy: Policy | None) -> str | None:
+    """What ``keep_io_dtype=True`` costs: the casts that give the outputs back in the model's
+    dtype, and the bytes each call moves for them (read low, write fp32) at the sizes the
+    graph was captured with."""
+    if policy is not None and not policy.keep_io_dtype:
+        return None
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None:
+        return None
+    # the casts insert_casts made for the output: of a low value (an fp32 one needs none)
+    casts = [a for a in _flat_nodes(output.args)
+             if a.meta.get(M.CAST) == torch.float32 and a.op == "call_method"]
+    if not casts or policy is None:
+        return None
+    known = [M.info(c.args[0]).numel for c in casts if M.info(c.args[0]).numel is not None]
+    size = policy.dtype.itemsize
+    moved = sum(known) * (4 + size)
+    names = ", ".join(c.name for c in casts[:3]) + (", ..." if len(casts) > 3 else "")
+    cost = (f"{moved:,} bytes a call at the captured sizes ({sum(known):,} elements read in "
+            f"{size} bytes, written in 4)") if len(known) == len(casts) else (
+        "bytes unknown without example inputs")
+    return (f"keep_io_dtype=True: {len(casts)} output{'s' * (len(casts) > 1)} ({names}) cast "
+            f"back to float32, {cost}; keep_io_dtype=False returns them in the low dtype (for "
+            "inference that feeds a sampler, a loss that upcasts itself, or another low model)")
+
+
+def _flat_nodes(args: object) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(args, found.append)
+    return found
+
+
 def transform_notes(gm: fx.GraphModule, method: str, policy: Policy | None = None) -> list[str]:
     """The report's notes on a transformed graph that only the whole transform knows of: the
     ``keep_fp32`` / ``allow_low`` selectors that select no node, functional dropout frozen by
@@ -423,6 +455,9 @@ def transform_notes(gm: fx.GraphModule, method: str, policy: Policy | None = Non
                 shown = sel.__name__ if isinstance(sel, type) else repr(sel)
                 notes.append(f"{option}={shown} selects no node of this graph: the module runs "
                              "no op in this forward, so the option changes nothing")
+    said = _output_casts(gm, policy)
+    if said:
+        notes.append(said)
     if method == "symbolic_trace":
         for node in gm.graph.nodes:
             if node.meta.get(M.FAMILY) == "dropout" and node.op == "call_function":

@@ -185,3 +185,19 @@ def test_a_power_of_two_scale_is_free_so_gelu_reads_its_input_through_one_cast()
     assert [(d.precision, d.dtype) for d in scales] == [("neutral", "torch.float32")], scales
     three = [d for d in decisions.values() if d.family == "arith" and d.dtype == "torch.bfloat16"]
     assert three, decisions  # 3 * h reads the low h directly
+
+
+def test_the_report_says_what_the_fp32_outputs_cost():
+    """keep_io_dtype=True: the report names the output casts and the bytes they move a call
+    (read low, write fp32); keep_io_dtype=False: no casts, no note."""
+    import amprewrite
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    notes = amprewrite.report(amprewrite.transform(model, "bf16", example_inputs=(x,))).notes
+    said = [n for n in notes if n.startswith("keep_io_dtype=True")]
+    assert said == [said[0]] and "1 output" in said[0]
+    assert "192 bytes a call at the captured sizes (32 elements read in 2 bytes" in said[0]
+    low = amprewrite.transform(model, "bf16", example_inputs=(x,), keep_io_dtype=False)
+    assert low(x).dtype == torch.bfloat16
+    assert not any(n.startswith("keep_io_dtype") for n in amprewrite.report(low).notes)

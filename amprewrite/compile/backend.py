@@ -40,7 +40,7 @@ __all__ = ["amprewrite_backend", "backend"]
 _POLICY_FIELDS = {f.name for f in dataclasses.fields(Policy)}
 # Policy fields the backend takes only at their defaults (it is handed dynamo's graph and
 # parameters as graph inputs): not offered as valid options.
-_TRANSFORM_ONLY = {"capture", "params"}
+_TRANSFORM_ONLY = {"capture"}
 Inner = str | Callable[..., Callable]
 
 
@@ -54,23 +54,14 @@ def _policy(options: Mapping[str, object]) -> tuple[Policy, Inner]:
         hint = "; ".join(f"{u!r}: did you mean {m[0]!r}?" for u, m in close.items() if m)
         raise PolicyError(
             f"unknown amprewrite backend option(s) {unknown}"
-            f"{f' ({hint})' if hint else ''}; valid: {valid} (capture and params are options "
-            "of amprewrite.transform only)."
+            f"{f' ({hint})' if hint else ''}; valid: {valid} (capture is an option of "
+            "amprewrite.transform only)."
         )
     if opts.get("capture", "dynamo") != "dynamo":
         raise PolicyError(
             "the torch.compile backend is handed the graph dynamo captured, so capture= has no "
             "meaning here; capture='export' is an option of amprewrite.transform(model, "
             "example_inputs=..., capture='export').")
-    if opts.get("params", "fp32") != "fp32":
-        raise PolicyError(
-            "the torch.compile backend receives parameters as graph inputs and casts them in "
-            "the graph, so it cannot store them: for params='low' store them low in the model "
-            "before compiling (amprewrite.compile.low_params.store_low(model, dtype); the "
-            "trainer switches take params='low' and do it), train with "
-            "amprewrite.optimizer(model, torch.optim.AdamW, ...), or use "
-            "amprewrite.transform(model, params='low')."
-        )
     for key in ("keep_fp32", "allow_low"):
         if isinstance(opts.get(key), (list, set)):
             opts[key] = tuple(opts[key])
@@ -140,6 +131,9 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
         # amprewrite.fully_shard(dtype=...) (or its mp_policy's param_dtype, torchtitan's
         # mixed_precision_param) said the dtype: once is enough.
         policy, dtype_given = dataclasses.replace(policy, dtype=sharded), True
+    if policy.params == "low":
+        _store_low_in_place(root, policy)
+        policy = dataclasses.replace(policy, params="fp32")  # the graph has nothing to store
     policy = _agree_with_parameters(example_inputs, policy, dtype_given)
     if policy.device is None:
         devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
@@ -169,6 +163,27 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
     watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
     return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch,
                      fp8=concrete and policy.fp8 is not None, reduce=reduce)
+
+
+def _store_low_in_place(root: nn.Module | None, policy: Policy) -> None:
+    """``options={"params": "low"}``: dynamo passes the parameters as graph inputs, so the
+    backend cannot store them in the graph. At the first compile it stores the compiled
+    module's weights that low ops read low in the module itself (``store_low``: linear,
+    convolution, embedding weights; never ``keep_fp32``'s modules) before the inner compiler
+    traces the graph with them: the plan's casts of those weights to the low dtype are then
+    casts to the dtype they have (no-ops; inductor removes them), and the weights, their
+    gradients and the optimizer's states are low. Dynamo guards a module's parameters by
+    identity, not dtype, so the graph is not compiled again. Train it with
+    :func:`amprewrite.optimizer`, made before or after the first call."""
+    if root is None:
+        raise PolicyError(
+            "amprewrite backend: params='low' stores the compiled module's weights low in "
+            "place, and this graph comes from no module (a function compiled with "
+            "torch.compile): compile the nn.Module (torch.compile(model, ...) or "
+            "model.compile(...)), or leave params at 'fp32'.")
+    from .low_params import store_low
+
+    store_low(root, policy.dtype, policy.keep_fp32)
 
 
 def _agree_with_parameters(example_inputs: list, policy: Policy, dtype_given: bool) -> Policy:

@@ -431,5 +431,5 @@ def test_params_low_needs_a_module():
     torch._dynamo.reset()
     fn = torch.compile(lambda x, w: x @ w, backend="amprewrite",
                        options={"inner": "eager", "params": "low"})
-    with pytest.raises(Exception, match="compile the nn.Module"):
+    with pytest.raises(Exception, match=r"compile the nn\.Module"):
         fn(torch.randn(2, 2), torch.randn(2, 2))

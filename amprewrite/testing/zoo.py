@@ -23,14 +23,21 @@ def _tokens(batch: int = 2, seq: int = 64, vocab: int = 256) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- transformers
-def llama():
+def llama_lm(vocab: int = 256, hidden: int = 64, intermediate: int = 128, layers: int = 2,
+             positions: int = 512) -> nn.Module:
+    """A transformers ``LlamaForCausalLM`` of these sizes (4 heads, 2 key-value heads, no
+    cache), seeded, in train mode."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      use_cache=False)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=positions, use_cache=False)
     _seed()
-    return LlamaForCausalLM(cfg).eval(), (_tokens(),)
+    return LlamaForCausalLM(cfg).train()
+
+
+def llama():
+    return llama_lm().eval(), (_tokens(),)
 
 
 def mistral():

@@ -132,13 +132,9 @@ def corpus(limit: int = 4 << 20) -> torch.Tensor:
 
 
 def small_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from amprewrite.testing import zoo
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=344,
-                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, use_cache=False)
-    return LlamaForCausalLM(cfg).train()
+    return zoo.llama_lm(hidden=128, intermediate=344, layers=4, positions=256)
 
 
 def _norms(module: torch.nn.Module) -> torch.Tensor:

@@ -312,13 +312,9 @@ def test_gradient_accumulation_matches_one_large_batch():
 
 # --------------------------------------------------------------------------- checkpoints
 def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from amprewrite.testing import zoo
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=96, intermediate_size=192,
-                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=64, use_cache=False)
-    return LlamaForCausalLM(cfg).train()
+    return zoo.llama_lm(vocab=128, hidden=96, intermediate=192, layers=1, positions=64)
 
 
 def _batches(n: int):

@@ -2,7 +2,7 @@
 
     python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|capture_llama|
                                 generate|inference|inference_compiled|report_page|fp8|
-                                training_state
+                                training_state_bytes|training_state_loss|training_state_step
 """
 
 from __future__ import annotations
@@ -102,30 +102,38 @@ def fp8(device: str = "cpu") -> str:
     return table(rows, cols)
 
 
-def training_state() -> str:
-    """The three parts of ``python -m benchmarks state``, one table each."""
-    parts = []
+def training_state_bytes() -> str:
     data = json.loads((RESULTS / "training_state_bytes.json").read_text())
     rows = [{**r, "storages": ", ".join(f"{k} {v}" for k, v in r.get("storages", {}).items())}
             for r in data["rows"]]
-    parts.append(table(rows, ["model", "lr", "recipe", "bytes_per_param", "weights", "grads",
-                              "states", "masters", "compensations", "storages"]))
+    return table(rows, ["model", "lr", "recipe", "bytes_per_param", "weights", "grads",
+                        "states", "masters", "compensations", "storages"])
+
+
+def training_state_loss() -> str:
     data = json.loads((RESULTS / "training_state_loss.json").read_text())
-    rows = [{**r, "by seed": " / ".join(f"{v:.4f}" for v in r["vs_fp32_by_seed"])}
-            for r in data["rows"]]
-    parts.append(table(rows, ["recipe", "final_loss", "vs_fp32", "by seed", "norm_moved_mean",
-                              "norm_unmoved_share", "bytes_per_param", "seconds"]))
+    rows = [{**r, "by seed": " / ".join(f"{v:.4f}" for v in r["vs_fp32_by_seed"]),
+             "final loss (mean)": f"{r['final_loss']:.4f}", "vs fp32": f"{r['vs_fp32']:.4f}",
+             "norm weights moved": f"{r['norm_moved_mean']:.2e}",
+             "norm weights never moved": f"{r['norm_unmoved_share']:.0%}",
+             "seconds (all seeds)": r["seconds"]} for r in data["rows"]]
+    return table(rows, ["recipe", "final loss (mean)", "vs fp32", "by seed",
+                        "norm weights moved", "norm weights never moved", "bytes_per_param",
+                        "seconds (all seeds)"])
+
+
+def training_state_step() -> str:
     data = json.loads((RESULTS / "training_state_step.json").read_text())
-    parts.append(table(data["rows"], ["variant", "bytes", "vs_autocast", "kernels", "extern",
-                                      "launches"]))
-    return "\n\n".join(parts)
+    return table(data["rows"], ["variant", "bytes", "vs_autocast", "kernels", "extern",
+                                "launches"])
 
 
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
           "loops": loops, "capture": capture, "capture_llama": capture_llama,
           "generate": generate, "inference": inference,
           "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page,
-          "fp8": fp8, "training_state": training_state}
+          "fp8": fp8, "training_state_bytes": training_state_bytes,
+          "training_state_loss": training_state_loss, "training_state_step": training_state_step}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

@@ -30,6 +30,11 @@
                                         # loss over 100 steps of fp32, torchtitan bf16 and
                                         # amprewrite.fully_shard (options: python -m
                                         # benchmarks.sharding --help)
+    python -m benchmarks bytes          # inductor's count of the bytes and launches of a
+                                        # compiled step: fp32, autocast, transform, backend,
+                                        # params="low", per zoo model, train and inference,
+                                        # bf16 and fp16 (options: python -m benchmarks bytes
+                                        # --help)
     python -m benchmarks state          # the training state: bytes a parameter, loss over 300
                                         # steps of real text, bytes of a compiled train step;
                                         # fp32, autocast, naive bf16, params="low" +
@@ -133,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sharding"]:  # its own options (--worlds, --steps, --recipes, --out)
         sharding.main(argv[1:])
         return 0
+    if argv[:1] == ["bytes"]:  # its own options (--models, --tasks, --dtypes, --variants)
+        from .compile import bytes as step_bytes
+
+        step_bytes.main(argv[1:])
+        return 0
     if argv[:1] == ["state"]:  # its own options (--parts, --steps, --lr, --out)
         from .training import state
 
@@ -144,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     # The docstring's table as written: argparse's default formatter runs it into one paragraph.
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["all", "mutants", "memory", "deploy",
-                                         "modelopt", "overflow", "fp8", "sharding", "state"])
+    parser.add_argument("what", choices=["all", "mutants", "memory", "deploy", "modelopt",
+                                         "overflow", "fp8", "sharding", "state", "bytes"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

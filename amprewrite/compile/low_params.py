@@ -31,14 +31,19 @@ import torch
 from torch import nn
 
 from ..errors import PolicyError
+from ..precision.ops import Precision, family_for_module
 from .optimizer import Optimizer, optimizer
 
-__all__ = ["LOW_READERS", "check_params", "from_torch", "store_low"]
+__all__ = ["check_params", "from_torch", "reads_low", "store_low"]
 
-LOW_READERS: tuple[type[nn.Module], ...] = (
-    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d,
-    nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Embedding)
-_LOW_READER_NAMES = {"Conv1D"}  # transformers' GPT-2 style linear (pytorch_utils.Conv1D)
+def reads_low(module: nn.Module) -> bool:
+    """Whether the plan reads ``module``'s own weights low: a module of a LOW family in the
+    registry (linear, convolutions, ...) or an embedding table (its lookups copy rows); also
+    transformers' ``Conv1D`` (GPT-2's linear, an ``addmm`` in the graph)."""
+    family = family_for_module(type(module))
+    if family is not None:
+        return family.precision is Precision.LOW or family.name == "embedding"
+    return type(module).__name__ == "Conv1D"
 
 
 def _kept(path: str, module: nn.Module, keep: Iterable[Any], declared: list[str]) -> bool:
@@ -59,7 +64,7 @@ def store_low(model: nn.Module, dtype: torch.dtype, keep_fp32: Iterable[Any] = (
     done: set[int] = set()
     names = []
     for path, module in model.named_modules():
-        if not (isinstance(module, LOW_READERS) or type(module).__name__ in _LOW_READER_NAMES):
+        if not reads_low(module):
             continue
         if _kept(path, module, keep, declared):
             continue

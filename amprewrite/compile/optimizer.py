@@ -361,6 +361,10 @@ class Optimizer(torch.optim.Optimizer):
                 for key in st["inner"]:
                     if _like(st["inner"][key], _local(p)):
                         storage, reason = choose_state(ratios.get(key))
+                        if p.dtype == torch.float16:
+                            reason += ("; bf16, not the weight's fp16: a moment's values fall "
+                                       "below fp16's smallest normal (6.1e-05), bf16 has fp32's "
+                                       "range")
                         st["inner_storage"][key] = storage
                         st["inner"][key] = st["inner"][key].float().to(STATE_DTYPE) \
                             if storage == LOW else stochastic_round(
@@ -564,8 +568,10 @@ def optimizer(params: nn.Module | Iterable[Any],
     >>> for _ in range(3):
     ...     lin(torch.randn(4, 64, dtype=torch.bfloat16)).float().pow(2).mean().backward()
     ...     opt.step(); opt.zero_grad()
-    >>> sorted({d.storage for d in opt.decisions.values()})
-    ['fp32 master', 'low', 'low+sr']
+    >>> sorted({d.storage for d in opt.decisions.values()})  # weights and moments
+    ['low', 'low+sr']
+    >>> opt.state_bytes()["masters"]  # none of these updates needs an fp32 master
+    0
     """
     if not (isinstance(optimizer_class, type) and issubclass(optimizer_class,
                                                              torch.optim.Optimizer)):

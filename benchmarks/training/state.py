@@ -231,7 +231,7 @@ def plot(curves: dict, out: Path) -> Path:
 def part_step() -> list[dict]:
     from amprewrite.testing import zoo
 
-    from .step_bytes import count
+    from ..compile.step_bytes import count
 
     model, (ids,) = zoo.llama()
     model.train()

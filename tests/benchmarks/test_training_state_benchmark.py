@@ -34,7 +34,7 @@ def test_inductors_count_covers_forward_and_backward():
     graph is compiled and counted too, extern matmuls included."""
     import torch
 
-    from benchmarks.training.step_bytes import count
+    from benchmarks.compile.step_bytes import count
 
     lin = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     x = torch.randn(16, 64)

@@ -23,6 +23,15 @@ from amprewrite.errors import PolicyError
 BF16, FP16 = torch.bfloat16, torch.float16
 
 
+@pytest.fixture(autouse=True)
+def _own_step_count(monkeypatch):
+    """amprewrite.GradScaler.update counts steps for the plans in a process-wide counter
+    (a re-plan's step): these tests' updates must not move another test's count."""
+    from amprewrite.compile import block_plans
+
+    monkeypatch.setattr(block_plans, "_STEP", [None])
+
+
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(96, 96), nn.LayerNorm(96), nn.GELU(), nn.Linear(96, 8))

@@ -1,0 +1,130 @@
+"""The bytes a compiled step moves, by inductor's own count, per zoo model: fp32, autocast +
+compile, ``transform`` + compile (outputs in the low dtype, and the default's fp32 outputs as a
+row of their own), the ``amprewrite`` backend, and ``params="low"``; train step (forward and
+backward of ``out.float().square().mean()``) and inference (eval, no grad), bf16 and fp16.
+
+    python -m benchmarks bytes                              # every model, task and dtype
+    python -m benchmarks bytes --models llama vit --dtypes bf16 --tasks infer
+
+The project's yardstick for a GPU step until a GPU is lent: counts, not times (one run on a
+shared machine is enough). Each row says where it differs most from autocast + compile: the
+node groups (aten ops a scheduled node was made from) whose bytes differ most.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..common import RESULTS, save
+from .step_bytes import count, differences
+
+MODELS = ("llama", "gpt2", "bert", "vit", "unet2d", "resnet")
+VARIANTS = ("fp32 + compile", "autocast + compile", "transform + compile",
+            "transform keep_io_dtype=True + compile", "backend", 'transform params="low" + compile')
+
+
+def _call(model, inputs):
+    from amprewrite.testing import zoo
+
+    return zoo.first_tensor(zoo.call(model, inputs))
+
+
+def _step(fn, task: str):
+    def run():
+        if task == "infer":
+            with torch.no_grad():
+                fn()
+        else:
+            fn().float().square().mean().backward()
+    return run
+
+
+def variants(name: str, task: str, dtype: torch.dtype) -> dict:
+    import amprewrite
+    from amprewrite.testing import zoo
+
+    model, inputs = getattr(zoo, name)()
+    model = model.train() if task == "train" else model.eval()
+    device = "cpu"
+
+    def fresh():
+        return copy.deepcopy(model)
+
+    def autocast():
+        compiled = torch.compile(fresh())
+        with torch.autocast(device, dtype):
+            return _call(compiled, inputs)
+
+    def transformed(**kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm = amprewrite.transform(fresh(), dtype, example_inputs=inputs, **kw)
+        return lambda: _call(torch.compile(gm), inputs)
+
+    def backend():
+        return _call(torch.compile(fresh(), backend="amprewrite", options={"dtype": dtype}),
+                     inputs)
+
+    return {
+        "fp32 + compile": lambda: _call(torch.compile(fresh()), inputs),
+        "autocast + compile": autocast,
+        "transform + compile": lambda: transformed(keep_io_dtype=False)(),
+        "transform keep_io_dtype=True + compile": lambda: transformed()(),
+        "backend": backend,
+        'transform params="low" + compile':
+            lambda: transformed(keep_io_dtype=False, params="low")(),
+    }
+
+
+def run(models, tasks, dtypes, chosen) -> list[dict]:
+    rows = []
+    for name in models:
+        for task in tasks:
+            for dtype_name in dtypes:
+                dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+                made = variants(name, task, dtype)
+                counted = {}
+                for variant in chosen:
+                    counted[variant] = count(_step(made[variant], task))
+                base = counted.get("autocast + compile")
+                for variant, c in counted.items():
+                    row = {"model": name, "task": task, "dtype": dtype_name, "variant": variant,
+                           "bytes": c["bytes"], "launches": c["launches"],
+                           "kernels": c["kernels"], "extern": c["extern"]}
+                    if base is not None:
+                        row["vs_autocast"] = round(c["bytes"] / base["bytes"], 3)
+                        row["differs_most"] = "; ".join(
+                            f"{k} {d / 1e3:+.0f} KB"
+                            for k, d in differences(base["groups"], c["groups"], top=3))
+                    rows.append(row)
+                    print(f"{name} {task} {dtype_name} {variant}: {c['bytes']:,} bytes, "
+                          f"{c['launches']} launches"
+                          + (f", {row['vs_autocast']}x autocast's" if base else ""), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks bytes", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--tasks", nargs="+", default=["train", "infer"],
+                        choices=["train", "infer"])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"],
+                        choices=["bf16", "fp16"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks bytes " + " ".join(sys.argv[1:] if argv is None else argv)
+    rows = run(args.models, args.tasks, args.dtypes, args.variants)
+    save("bytes", rows, {"command": command.strip()}, args.out)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

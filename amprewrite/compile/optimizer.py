@@ -460,9 +460,8 @@ class Optimizer(torch.optim.Optimizer):
         """One line per stored tensor: parameter, tensor, storage, dtype, reason."""
         from ..precision.report import text_table
 
-        rows = [["param", "tensor", "storage", "dtype", "reason"]]
-        rows += [[d.param, d.tensor, d.storage, d.dtype, d.reason]
-                 for d in self.decisions.values()]
+        columns = [f.name for f in dataclasses.fields(StateDecision) if f.name != "step"]
+        rows = [columns] + [[getattr(d, c) for c in columns] for d in self.decisions.values()]
         per = self.state_bytes()
         parts = ", ".join(f"{k} {v:,}" for k, v in per.items() if k not in ("total", "params"))
         head = (f"training state after {self.steps} steps: "

@@ -2,7 +2,8 @@
 
     python -m benchmarks.report transform_cost|runtime|upsample|loops|capture|capture_llama|
                                 generate|inference|inference_compiled|report_page|fp8|
-                                training_state_bytes|training_state_loss|training_state_step
+                                training_state_bytes|training_state_loss|training_state_step|
+                                bytes
 """
 
 from __future__ import annotations
@@ -128,12 +129,21 @@ def training_state_step() -> str:
                                 "launches"])
 
 
+def step_bytes() -> str:
+    data = json.loads((RESULTS / "bytes.json").read_text())
+    rows = [{**r, "vs autocast": f"{r['vs_autocast']:.3f}x", "bytes": f"{r['bytes']:,}"}
+            for r in data["rows"]]
+    return table(rows, ["model", "task", "dtype", "variant", "bytes", "vs autocast", "launches",
+                        "differs_most"])
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
           "loops": loops, "capture": capture, "capture_llama": capture_llama,
           "generate": generate, "inference": inference,
           "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page,
           "fp8": fp8, "training_state_bytes": training_state_bytes,
-          "training_state_loss": training_state_loss, "training_state_step": training_state_step}
+          "training_state_loss": training_state_loss, "training_state_step": training_state_step,
+          "bytes": step_bytes}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

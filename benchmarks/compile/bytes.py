@@ -1,6 +1,7 @@
 """The bytes a compiled step moves, by inductor's own count, per zoo model: fp32, autocast +
-compile, ``transform`` + compile (outputs in the low dtype, and the default's fp32 outputs as a
-row of their own), the ``amprewrite`` backend, and ``params="low"``; train step (forward and
+compile, ``transform`` + compile (outputs in the low dtype, as autocast's are, and the default's
+fp32 outputs as a row of their own), the ``amprewrite`` backend (outputs low too), and
+``params="low"``; train step (forward and
 backward of ``out.float().square().mean()``) and inference (eval, no grad), bf16 and fp16.
 
     python -m benchmarks bytes                              # every model, task and dtype
@@ -46,39 +47,42 @@ def _step(fn, task: str):
 
 
 def variants(name: str, task: str, dtype: torch.dtype) -> dict:
+    """Per variant, a setup that returns the step to count: what precedes the step (a copy of
+    the model, amprewrite.transform) is not counted."""
     import amprewrite
     from amprewrite.testing import zoo
 
     model, inputs = getattr(zoo, name)()
     model = model.train() if task == "train" else model.eval()
-    device = "cpu"
 
-    def fresh():
-        return copy.deepcopy(model)
+    def compiled(**kw):
+        net = torch.compile(copy.deepcopy(model), **kw)
+        return lambda: _call(net, inputs)
 
     def autocast():
-        compiled = torch.compile(fresh())
-        with torch.autocast(device, dtype):
-            return _call(compiled, inputs)
+        step = compiled()
+
+        def run():
+            with torch.autocast("cpu", dtype):
+                return step()
+        return run
 
     def transformed(**kw):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            gm = amprewrite.transform(fresh(), dtype, example_inputs=inputs, **kw)
-        return lambda: _call(torch.compile(gm), inputs)
-
-    def backend():
-        return _call(torch.compile(fresh(), backend="amprewrite", options={"dtype": dtype}),
-                     inputs)
+            gm = amprewrite.transform(copy.deepcopy(model), dtype, example_inputs=inputs, **kw)
+        net = torch.compile(gm)
+        return lambda: _call(net, inputs)
 
     return {
-        "fp32 + compile": lambda: _call(torch.compile(fresh()), inputs),
+        "fp32 + compile": compiled,
         "autocast + compile": autocast,
-        "transform + compile": lambda: transformed(keep_io_dtype=False)(),
-        "transform keep_io_dtype=True + compile": lambda: transformed()(),
-        "backend": backend,
+        "transform + compile": lambda: transformed(keep_io_dtype=False),
+        "transform keep_io_dtype=True + compile": transformed,
+        "backend": lambda: compiled(backend="amprewrite",
+                                    options={"dtype": dtype, "keep_io_dtype": False}),
         'transform params="low" + compile':
-            lambda: transformed(keep_io_dtype=False, params="low")(),
+            lambda: transformed(keep_io_dtype=False, params="low"),
     }
 
 
@@ -91,7 +95,8 @@ def run(models, tasks, dtypes, chosen) -> list[dict]:
                 made = variants(name, task, dtype)
                 counted = {}
                 for variant in chosen:
-                    counted[variant] = count(_step(made[variant], task))
+                    torch._dynamo.reset()
+                    counted[variant] = count(_step(made[variant](), task))
                 base = counted.get("autocast + compile")
                 for variant, c in counted.items():
                     row = {"model": name, "task": task, "dtype": dtype_name, "variant": variant,

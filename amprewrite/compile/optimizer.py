@@ -332,11 +332,16 @@ class Optimizer(torch.optim.Optimizer):
         if before is not None:
             st["ratios"].setdefault(key, []).append(measure(before, value, STATE_DTYPE))
         storage = st["inner_storage"].setdefault(key, FP32)  # fp32 until the warm-up ends
+        return self._stored(value, storage, p.device)
+
+    def _stored(self, state: torch.Tensor, storage: str, device: torch.device) -> torch.Tensor:
+        """An optimizer state as ``storage`` keeps it: fp32, bf16 rounded to nearest, or bf16
+        rounded stochastically."""
         if storage == FP32:
-            return value
+            return state
         if storage == SR:
-            return stochastic_round(value, STATE_DTYPE, self._generator(p.device))
-        return value.to(STATE_DTYPE)
+            return stochastic_round(state, STATE_DTYPE, self._generator(device))
+        return state.to(STATE_DTYPE)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         key = str(device)
@@ -366,9 +371,8 @@ class Optimizer(torch.optim.Optimizer):
                                        "below fp16's smallest normal (6.1e-05), bf16 has fp32's "
                                        "range")
                         st["inner_storage"][key] = storage
-                        st["inner"][key] = st["inner"][key].float().to(STATE_DTYPE) \
-                            if storage == LOW else stochastic_round(
-                                st["inner"][key], STATE_DTYPE, self._generator(p.device))
+                        st["inner"][key] = self._stored(st["inner"][key].float(), storage,
+                                                        p.device)
                         self._say(p, key, storage, STATE_DTYPE, reason)
         self._publish()
 
@@ -428,8 +432,7 @@ class Optimizer(torch.optim.Optimizer):
                                             reason=reason, step=self.steps)
 
     def _publish(self) -> None:
-        report = None if self._graph is None else self._graph.meta.get(REPORT_KEY) \
-            if hasattr(self._graph, "meta") else None
+        report = getattr(self._graph, "meta", {}).get(REPORT_KEY)  # a GraphModule's report
         if report is not None:
             report.training_state = list(self.decisions.values())
 

@@ -39,6 +39,7 @@ from .recompute_islands import RecomputeIslands
 from .record_ranges import RecordRanges
 from .replace_upsample import ReplaceUpsample
 from .rescale_matmuls import RescaleMatmuls
+from .simplify_attention_masks import SimplifyAttentionMasks
 from .store_params import StoreParams
 from .transform_bodies import TransformBodies
 from .vectorize_loops import VectorizeLoops
@@ -63,6 +64,9 @@ PASSES: tuple[type[Pass], ...] = (
     VectorizeLoops,
     # Needs meta[ORIG] (ranks) from infer_dtypes; forces fp32 islands that painting honours.
     ReplaceUpsample,
+    # A traced transformers model hands SDPA a mask built from sizes alone; where it masks
+    # nothing (or is causal) it goes, before record_ranges and painting spend time on it.
+    SimplifyAttentionMasks,
     # After every rewrite (it records the values of the ops painting will see), before
     # painting, which reads the ranges like a precision class.
     RecordRanges,

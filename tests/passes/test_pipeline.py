@@ -34,6 +34,7 @@ def test_every_pass_declares_itself_and_the_order_holds():
         assert all(k.startswith("amp_") for k in (*cls.requires, *cls.writes)), cls
     check_order(pipeline(Policy()))  # raises if a pass reads what no earlier pass writes
     assert rewrite_passes() == {"transform_bodies", "vectorize_loops", "replace_upsample",
+                                "simplify_attention_masks",
                                 "rescale_matmuls", "insert_casts", "store_params",
                                 "float8_linears", "recompute_islands", "guard_autocast"}
     # Every stage is a named step of the one list: region bodies after the ranges are recorded

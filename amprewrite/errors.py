@@ -11,6 +11,7 @@ __all__ = [
     "NotVerifiedWarning",
     "PassError",
     "PolicyError",
+    "RetransformWarning",
     "ShapeError",
     "SignatureError",
     "UsageError",
@@ -77,6 +78,12 @@ class NotVerifiedWarning(UserWarning):
     """:func:`amprewrite.transform` returned a graph it could not check against fp32 and
     autocast (no ``example_inputs`` to run it on). Python shows it once per calling line;
     ``verify=False`` says the check is not wanted and silences it."""
+
+
+class RetransformWarning(UserWarning):
+    """A graph from :func:`amprewrite.transform` was called with inputs of a shape it was not
+    transformed for (a new sequence length) and transformed the model again for them, which
+    takes seconds. Shown once per graph, with the ``dynamic_shapes=`` that avoids it."""
 
 
 class AutocastIgnoredWarning(UserWarning):

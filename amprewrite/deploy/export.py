@@ -30,7 +30,7 @@ from torch.utils import _pytree as pytree
 from ..api import transform
 from ..capture.verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 from ..errors import AmpRewriteError, PolicyError
-from ..graph.shapes import BATCH, SEQ, capture_spec, split_inputs
+from ..graph.shapes import BATCH, SEQ, capture_spec, sequence_limit, split_inputs
 from ..precision.float8 import check_factor
 from ..precision.policy import parse_dtype
 from ..precision.report import text_table
@@ -749,32 +749,6 @@ def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
 # Where a model says the longest sequence it takes: transformers' configs (GPT-2's
 # n_positions, most others' max_position_embeddings), nanoGPT's block_size, torchtitan's
 # max_seq_len.
-_SEQ_LIMITS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size", "max_seq_len")
-
-
-def sequence_limit(model: nn.Module) -> tuple[int | None, str | None]:
-    """The longest sequence ``model`` takes, and where that was read (for a note), or
-    ``(None, None)``: its config's limit, else the size of a position-embedding table (an
-    ``nn.Embedding`` whose name says ``pos``). Past it a model fails (GPT-2's position table
-    raises IndexError), so it is the upper bound of a dynamic sequence.
-
-    >>> net = nn.Module()
-    >>> net.pos_emb = nn.Embedding(64, 8)
-    >>> sequence_limit(net)
-    (64, 'position table pos_emb (nn.Embedding(64, ...))')
-    """
-    config = getattr(model, "config", None)
-    for attr in _SEQ_LIMITS:
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
-            return value, f"config.{attr}"
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
-            return (module.num_embeddings,
-                    f"position table {name} (nn.Embedding({module.num_embeddings}, ...))")
-    return None, None
-
-
 def _dim_range(ep, dim: int) -> tuple[int, float] | None:
     """The sizes ``ep`` takes in dimension ``dim`` of its inputs (0: the batch; :data:`SEQ`:
     the sequence), over every input where it is dynamic, or None where it is nowhere."""

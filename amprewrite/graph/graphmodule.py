@@ -17,7 +17,9 @@ import contextlib
 import inspect
 import linecache
 import logging
+import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 
@@ -25,10 +27,10 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from ..errors import CaptureError, ModeSwitchError, ShapeError
+from ..errors import CaptureError, ModeSwitchError, RetransformWarning, ShapeError
 from . import meta as M
 from .modules import hooked
-from .shapes import InputCheck, InputGuard, flat_inputs, positional_leaves
+from .shapes import SEQ, InputCheck, InputGuard, flat_inputs, positional_leaves, sequence_limit
 
 __all__ = ["INPUT_CHECK", "REGISTERED_OUTPUTS", "DynamoGraphModule", "Retransform",
            "add_input_check", "sources_die_with_code"]
@@ -252,9 +254,85 @@ def _transform_for(gm, model, policy, retransform: Retransform, args, kwargs, fl
             f"{type(gm).__name__} was called with inputs it was not captured for: {why}. "
             f"Transforming the model again for them failed: {exc}"
         ) from None
+    seconds = time.perf_counter() - start
     _log.info("amprewrite: transformed %s again for new inputs (%s) in %.1f s",
-              type(model).__name__, why, time.perf_counter() - start)
+              type(model).__name__, why, seconds)
+    if not gm._amp_variants:  # the first new shape: said once per graph
+        warnings.warn(_retransformed(gm, variant, model, why, seconds, dynamic),
+                      RetransformWarning,
+                      stacklevel=_caller_level())
     return variant
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside amprewrite and torch (the call of the
+    graph: fx's and nn.Module's call wrappers and the dispatcher lie between)."""
+    import os
+
+    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _retransformed(gm: DynamoGraphModule, variant: fx.GraphModule, model: object, why: str,
+                   seconds: float, dynamic: dict[int, list[int]]) -> str:
+    """What :class:`~amprewrite.errors.RetransformWarning` says: what happened, what it
+    cost, and what makes one transform serve these inputs (``dynamic_shapes=``, bounded by
+    the model's longest sequence, where a dimension changed; else what to change)."""
+    inputs = gm._amp_inputs.inputs
+    grown = {i: [d for d in dims if inputs[i].sizes[d] is not None]
+             for i, dims in dynamic.items()}  # static in this graph, another size now
+    grown = {i: dims for i, dims in grown.items() if dims}
+    tiny = [(inputs[i].name, d, inputs[i].sizes[d]) for i, dims in grown.items() for d in dims
+            if inputs[i].sizes[d] < 2]
+    guard = getattr(variant, "_amp_inputs", None)
+    fixed = guard is not None and grown and not any(
+        guard.inputs[i].sizes is not None and guard.inputs[i].sizes[d] is None
+        for i, dims in grown.items() for d in dims if len(guard.inputs[i].sizes or ()) > d)
+    if fixed and not tiny:
+        avoid = ("the model fixes those sizes (dynamo could not keep them dynamic: a "
+                 "per-sample loop, a size the code checks), so each new size is transformed "
+                 "again: give example_inputs of the shapes you call it with")
+    elif not grown:
+        avoid = ("a non-tensor argument changed, and dynamo bakes those into the graph: pass "
+                 "that value as a tensor, or call the graph with the value it was "
+                 "transformed with")
+    elif tiny:
+        name, d, size = tiny[0]
+        avoid = (f"capture with example inputs of size 2 or more in dimension {d} of {name!r} "
+                 f"(it was captured at size {size}, which dynamo fixes; dynamic_shapes='batch', "
+                 "the default, then keeps the batch dynamic)")
+    else:
+        avoid = "pass those dimensions as dynamic, " + _dynamic_advice(model, inputs, dynamic)
+    return (
+        f"amprewrite: {type(model).__name__}'s graph was called with inputs it was not "
+        f"transformed for ({why}), so the model was captured and transformed again for them, "
+        f"which took {seconds:.1f} s. The new graph is kept for such inputs; another new shape "
+        "(other dimensions, other non-tensor arguments) is transformed again too, up to "
+        f"{_MAX_VARIANTS} times, then ShapeError. To transform once, {avoid}; "
+        "on_new_shape='error' raises ShapeError instead of transforming. (Said once per graph: "
+        "amprewrite.errors.RetransformWarning.)")
+
+
+def _dynamic_advice(model: object, inputs: list, dynamic: dict[int, list[int]]) -> str:
+    """``amprewrite.transform(..., dynamic_shapes={...})`` for these dimensions, the sequence
+    (dimension 1) bounded by the model's longest (:func:`~amprewrite.graph.shapes.sequence_limit`),
+    or a general pointer where an input has no name to key it by."""
+    limit, source = sequence_limit(model) if isinstance(model, torch.nn.Module) else (None, None)
+    spec = {}
+    for i, dims in sorted(dynamic.items()):
+        if not inputs[i].name.isidentifier():  # a leaf of a nested input
+            return "amprewrite.transform(..., dynamic_shapes=...) (docs/guide.md, \"Input shapes\")"
+        spec[inputs[i].name] = ", ".join(
+            f"{d}: Dim.AUTO(max={limit})" if d == SEQ and limit else f"{d}: Dim.AUTO"
+            for d in dims)
+    shown = ", ".join(f"{name!r}: {{{dims}}}" for name, dims in spec.items())
+    bound = f"; the bound is the model's {source}" if limit and any(
+        SEQ in dims for dims in dynamic.values()) else ""
+    return (f"amprewrite.transform(..., dynamic_shapes={{{shown}}}) (from torch.export "
+            f"import Dim{bound}), or give example_inputs of the shapes you call it with")
 
 
 _MAX_VARIANTS = 8

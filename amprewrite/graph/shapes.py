@@ -27,7 +27,7 @@ from ..errors import PolicyError, SignatureError
 from .meta import fake_value
 
 __all__ = ["BATCH", "SEQ", "InputCheck", "InputGuard", "bind_call", "capture_spec",
-           "flat_inputs", "positional_leaves", "split_inputs"]
+           "flat_inputs", "positional_leaves", "sequence_limit", "split_inputs"]
 
 BATCH = "batch"
 """``transform(dynamic_shapes=...)``'s default: dimension 0 of every tensor input dynamic where
@@ -84,6 +84,32 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
             spec, is_leaf=lambda v: isinstance(v, dict) and all(isinstance(k, int) for k in v))):
         return None, dict(bound)  # nothing can be dynamic: a static capture, as before
     return spec, dict(bound)
+
+
+_SEQ_LIMITS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size", "max_seq_len")
+
+
+def sequence_limit(model: nn.Module) -> tuple[int | None, str | None]:
+    """The longest sequence ``model`` takes, and where that was read (for a note), or
+    ``(None, None)``: its config's limit, else the size of a position-embedding table (an
+    ``nn.Embedding`` whose name says ``pos``). Past it a model fails (GPT-2's position table
+    raises IndexError), so it is the upper bound of a dynamic sequence.
+
+    >>> net = nn.Module()
+    >>> net.pos_emb = nn.Embedding(64, 8)
+    >>> sequence_limit(net)
+    (64, 'position table pos_emb (nn.Embedding(64, ...))')
+    """
+    config = getattr(model, "config", None)
+    for attr in _SEQ_LIMITS:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+            return value, f"config.{attr}"
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) and "pos" in name.rsplit(".", 1)[-1].lower():
+            return (module.num_embeddings,
+                    f"position table {name} (nn.Embedding({module.num_embeddings}, ...))")
+    return None, None
 
 
 def flat_inputs(gm: fx.GraphModule, args: tuple, kwargs: dict) -> list[object]:

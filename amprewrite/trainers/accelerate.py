@@ -35,6 +35,7 @@ from ..compile.low_params import check_params, from_torch, store_low
 from ..compile.scaler import GradScaler
 from ..errors import PolicyError
 from ..precision.policy import parse_dtype
+from .inner import inner_for
 
 __all__ = ["enable", "plan_instead_of_autocast"]
 
@@ -42,7 +43,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | None = None,
-           inner: str | Callable = "inductor", params: str = "fp32",
+           inner: str | Callable = "auto", params: str = "fp32",
            **options: object) -> nn.Module:
     """Compile ``model`` in place with the amprewrite backend and make ``accelerator`` train it
     with the plan instead of autocast; returns ``model``. Call it before
@@ -52,7 +53,9 @@ def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | 
         accelerator: an ``accelerate.Accelerator``; its ``mixed_precision`` gives the dtype.
         model: the fp32 model, not compiled yet.
         dtype: the low dtype where ``mixed_precision`` is ``"no"``.
-        inner: the backend that compiles the planned graphs (``"eager"``: quick on a CPU).
+        inner: the backend that compiles the planned graphs: ``"auto"`` (default) ``"eager"``
+            on a CPU, ``"inductor"`` on a GPU (:mod:`amprewrite.trainers.inner`); or any
+            backend name or callable, as given.
         params: ``"fp32"`` or ``"low"`` (see the module docstring).
         options: the backend's other options (``keep_fp32``, ``allow_low``, ...).
     """
@@ -80,7 +83,7 @@ def enable(accelerator: object, model: nn.Module, *, dtype: torch.dtype | str | 
             return prepare(from_torch(optimizer, model), *args, **kwargs)
 
         accelerator.prepare_optimizer = prepare_optimizer
-    model.compile(backend=backend(inner=inner, dtype=low, **options))
+    model.compile(backend=backend(inner=inner_for(inner), dtype=low, **options))
     plan_instead_of_autocast(accelerator, low)
     return model
 

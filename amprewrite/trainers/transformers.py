@@ -43,12 +43,13 @@ from ..compile.backend import backend
 from ..compile.low_params import check_params, from_torch, store_low
 from ..errors import PolicyError
 from .accelerate import plan_instead_of_autocast
+from .inner import inner_for
 
 __all__ = ["enable"]
 
 
 def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
-           inner: str | Callable = "inductor", params: str = "fp32",
+           inner: str | Callable = "auto", params: str = "fp32",
            **options: object) -> object:
     """Train ``trainer`` (a ``transformers.Trainer``) with amprewrite's plan; returns it.
 
@@ -56,8 +57,10 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
         trainer: made, not yet trained (call this before ``trainer.train()``).
         dtype: the low dtype; default the Trainer's (``fp16=True``: float16, ``bf16=True``:
             bfloat16).
-        inner: the backend that compiles the planned graphs (``"inductor"``; ``"eager"`` runs
-            them as they are, quick to start on a CPU).
+        inner: the backend that compiles the planned graphs: ``"auto"`` (default) runs them
+            as they are (``"eager"``) on a CPU, where inductor's compile of a training graph
+            takes minutes, and compiles them with ``"inductor"`` on a GPU
+            (:mod:`amprewrite.trainers.inner`); or any backend name or callable, as given.
         params: ``"fp32"`` (fp32 weights, cast in the graph) or ``"low"`` (stored low and
             trained by :func:`amprewrite.optimizer`; see the module docstring).
         options: the backend's other options (``keep_fp32``, ``allow_low``, ``overflow``, ...;
@@ -73,8 +76,7 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
         >>> data = [{"input_ids": i, "labels": i} for i in ids]
         >>> args = TrainingArguments("/tmp/amp-doctest", bf16=True, use_cpu=True, max_steps=1,
         ...                          report_to=[], save_strategy="no", disable_tqdm=True)
-        >>> trainer = amp.enable(Trainer(model=model, args=args, train_dataset=data),
-        ...                      inner="eager")
+        >>> trainer = amp.enable(Trainer(model=model, args=args, train_dataset=data))
         >>> trainer.train().training_loss > 0  # it prints its metrics  # doctest: +ELLIPSIS
         {...}
         True
@@ -106,7 +108,7 @@ def enable(trainer: object, *, dtype: torch.dtype | str | None = None,
     if check_params(params, "amprewrite.trainers.transformers.enable") == "low":
         store_low(model, low, options.get("keep_fp32", ()))  # type: ignore[arg-type]
         _optimizer_keeps_updates(trainer)
-    model.compile(backend=backend(inner=inner, dtype=low, **options))
+    model.compile(backend=backend(inner=inner_for(inner), dtype=low, **options))
     plan_instead_of_autocast(trainer.accelerator, low)
     return trainer
 

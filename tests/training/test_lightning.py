@@ -170,3 +170,47 @@ def test_params_low_trains_with_amprewrites_optimizer_and_resumes(net, tmp_path,
     trainer.save_checkpoint(ckpt)
     resumed, trainer = fit(STEPS + 1, [plugin()], ckpt=str(ckpt))
     assert trainer.optimizers[0].steps == STEPS + 1 and len(resumed.losses) == 1
+
+
+@pytest.mark.parametrize("package", ["lightning.pytorch", "pytorch_lightning"])
+def test_fit_under_either_package_name(net, tmp_path, fp32_losses, package, no_inductor):
+    """``lightning.Trainer`` and ``pytorch_lightning.Trainer`` both take the plugin (issue 65:
+    pytorch_lightning refused it as an invalid plugin type) and train on the plan: fp16 with
+    amprewrite's scaler, its checkpoint entry, no autocast, losses within fp16's tolerance of
+    fp32's; and with no ``options`` inductor compiles nothing on the CPU (``no_inductor``): the
+    graphs run eagerly, the fit takes seconds, not inductor's minutes."""
+    lib = pytest.importorskip(package)
+    import importlib
+
+    plugins = importlib.import_module(f"{package}.plugins.precision")
+
+    class LM(lib.LightningModule):
+        def __init__(self, net):
+            super().__init__()
+            self.net, self.losses, self.autocast = net, [], []
+
+        def training_step(self, batch, batch_idx):
+            self.autocast.append(torch.is_autocast_enabled("cpu"))
+            loss = self.net(input_ids=batch, labels=batch).loss
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    torch._dynamo.reset()
+    plugin = AmpRewritePrecision("fp16", device="cpu")
+    assert isinstance(plugin, plugins.Precision)
+    model = LM(copy.deepcopy(net))
+    trainer = lib.Trainer(accelerator="cpu", devices=1, max_steps=STEPS, gradient_clip_val=1.0,
+                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path,
+                          plugins=[plugin])
+    trainer.fit(model, torch.utils.data.DataLoader(_batches(), batch_size=None))
+    assert trainer.precision_plugin is plugin and model.autocast == [False] * STEPS
+    torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(fp32_losses),
+                               rtol=RTOL["fp16"], atol=0)
+    assert isinstance(plugin.scaler, GradScaler) and plugin.scaler.overflows == 0
+    ckpt = tmp_path / "scaler.ckpt"
+    trainer.save_checkpoint(ckpt)
+    assert "AmpRewritePrecision" in torch.load(ckpt, weights_only=False)

@@ -29,7 +29,8 @@ def _data(ids: torch.Tensor, n: int = 8) -> list[dict]:
             for i in range(n)]
 
 
-def _trainer(tmp_path, precision: dict, with_amprewrite: bool, **more):
+def _trainer(tmp_path, precision: dict, with_amprewrite: bool, inner: str | None = "eager",
+             **more):
     torch._dynamo.reset()  # a fresh compile, whatever earlier tests in this process compiled
     case = overflow.llama()
     settings = {"max_steps": 3, "gradient_accumulation_steps": 2, "save_strategy": "no",
@@ -40,7 +41,9 @@ def _trainer(tmp_path, precision: dict, with_amprewrite: bool, **more):
         **settings)
     trainer = transformers.Trainer(model=case.model, args=args,
                                    train_dataset=_data(case.inputs[0]))
-    return amp.enable(trainer, inner="eager") if with_amprewrite else trainer
+    if not with_amprewrite:
+        return trainer
+    return amp.enable(trainer) if inner is None else amp.enable(trainer, inner=inner)
 
 
 def _losses(trainer) -> list[float]:
@@ -70,6 +73,19 @@ def test_trains_in_the_trainers_dtype_finite_and_near_fp32(tmp_path, precision, 
     assert any(d.precision == "low" for g in graphs for d in g.report.decisions)
     if "fp16" in precision:
         assert isinstance(trainer.accelerator.scaler, amprewrite.GradScaler)
+
+
+def test_enable_as_the_guide_writes_it_compiles_nothing_with_inductor_on_a_cpu(
+        tmp_path, no_inductor):
+    """``amp.enable(trainer)`` with no ``inner=`` on a CPU runs the planned graphs eagerly
+    (inner="auto"): inductor took 6 fp16 steps of a 2-layer Qwen2 from 13 s to 247 s (issue
+    65). The losses are those of ``inner="eager"``, bit for bit."""
+    default = _trainer(tmp_path / "auto", {"fp16": True}, with_amprewrite=True, inner=None)
+    default.train()
+    eager = _trainer(tmp_path / "eager", {"fp16": True}, with_amprewrite=True)
+    eager.train()
+    assert len(_losses(default)) == 3 and _losses(default) == _losses(eager)
+    assert isinstance(default.accelerator.scaler, amprewrite.GradScaler)
 
 
 def test_plain_fp16_trainer_on_a_cpu_trains_in_fp32(tmp_path, fp32_losses):

@@ -41,8 +41,10 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     )
     from .precision.float8 import Float8
     from .precision.ops import FAMILIES, Family, Precision, override_families, register_family
+    from .precision.plan_file import save_plan
     from .precision.policy import Policy
     from .precision.report import CompiledReport, Decision, Report, Rewrite, report
+    from .precision.saved_plan import load_plan
     from .show.numerics import CheckResult, NodeError, check_numerics, find_fp32_nodes
 
 # Public name -> the module that defines it.
@@ -62,6 +64,8 @@ _EXPORTS = {
     **dict.fromkeys(("FAMILIES", "Family", "Precision", "override_families",
                      "register_family"), "precision.ops"),
     "Policy": "precision.policy",
+    "save_plan": "precision.plan_file",
+    "load_plan": "precision.saved_plan",
     **dict.fromkeys(("CompiledReport", "Decision", "Report", "Rewrite", "report"),
                     "precision.report"),
     "fully_shard": "compile.sharding",
@@ -97,10 +101,12 @@ __all__ = [
     "find_fp32_nodes",
     "for_generation",
     "fully_shard",
+    "load_plan",
     "optimizer",
     "override_families",
     "register_family",
     "report",
+    "save_plan",
     "transform",
 ]
 __version__ = "0.1.0"

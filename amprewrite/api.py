@@ -19,6 +19,7 @@ from .errors import PassError, PolicyError, VerificationError
 from .graph.graphmodule import DynamoGraphModule, sources_die_with_code
 from .graph.runtime import no_enclosing_autocast
 from .passes import pipeline, run_pipeline
+from .precision.plan_file import option_notes, policy_summary
 from .precision.policy import Policy, Selector, calibration_batches
 from .precision.report import POLICY_KEY, REPORT_KEY, Report, decisions_of, transform_notes
 from .progress import status, transform_progress
@@ -45,6 +46,8 @@ def transform(
     progress: bool | None = None,
     dynamic_shapes: object = "batch",
     capture: str = "dynamo",
+    plan: object = None,
+    strict: bool = False,
 ) -> fx.GraphModule | torch.export.ExportedProgram:
     """Return a GraphModule that runs ``model`` in ``dtype`` where safe and in fp32 where not.
 
@@ -119,6 +122,14 @@ def transform(
             zoo's real models; it refuses custom ``autograd.Function``s, inlines activation
             checkpointing, and the passes above do not yet match its ATen ops (docs/guide.md,
             "Capture").
+        plan: a saved plan (:func:`amprewrite.save_plan`: its path, its JSON text or dict):
+            each node it has an entry for takes the saved (or hand-edited) decision instead of
+            deciding again; ranges are not recorded and kernels not probed where it has them,
+            and the built-in check still runs on ``example_inputs``. A node it does not know
+            (the model changed) is decided afresh and named in the report (``report.plan``);
+            a plan for another model raises ``PolicyError``. See docs/guide.md, "Plans".
+        strict: with ``plan``, raise ``PolicyError`` instead when the graph has nodes the plan
+            does not know or lacks nodes it has.
 
     Example:
         >>> import torch, amprewrite
@@ -139,7 +150,8 @@ def transform(
                     allow_low=tuple(_items(allow_low, "allow_low")), params=params,
                     keep_io_dtype=keep_io_dtype, upsample=upsample, device=device,
                     on_new_shape=on_new_shape, verify=verify, dynamic_shapes=dynamic_shapes,
-                    capture=capture, calibration=calibration, overflow=overflow, fp8=fp8)
+                    capture=capture, calibration=calibration, overflow=overflow, fp8=fp8,
+                    plan=plan, strict=strict)
     if policy.fp8 is not None and example_inputs is None and not (
             is_exported_program(model) and getattr(model, "example_inputs", None)):
         raise PolicyError(
@@ -230,7 +242,8 @@ def _transform_module(model: nn.Module, policy: Policy, example_inputs: object, 
     start = time.perf_counter()
     imported = import_compiler()
     captured, policy = capture_model(model, example_inputs, policy)
-    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method)
+    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=captured.method,
+                 policy=policy_summary(policy, model))
     if imported:
         rep.timings["import torch._inductor"] = imported
     rep.timings["capture"] = time.perf_counter() - start - imported
@@ -251,7 +264,7 @@ def _transform_module(model: nn.Module, policy: Policy, example_inputs: object, 
             if own is not None:
                 raise own from None
             raise
-    rep.notes += transform_notes(gm, captured.method, policy)
+    rep.notes += transform_notes(gm, captured.method, policy) + option_notes(policy)
     rep.decisions = decisions_of(gm, policy)
     if isinstance(gm, DynamoGraphModule) and example_inputs is not None:
         # To transform again for inputs of other shapes. With params="low" only weakly: the
@@ -271,7 +284,8 @@ def transform_graph(gm: fx.GraphModule, policy: Policy, method: str = "dynamo",
     ranges are recorded on ``example_inputs`` (the graph's own flat inputs); ``declared``,
     ``prior``, ``reduce`` and ``fp8_prior`` as :func:`amprewrite.passes.pipeline` takes them."""
     start = time.perf_counter()
-    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method)
+    rep = Report(dtype=str(policy.dtype).replace("torch.", ""), capture=method,
+                 policy=policy_summary(policy))
     gm.meta[REPORT_KEY] = rep
     gm = run_pipeline(gm, pipeline(policy, example_inputs=example_inputs, declared=declared,
                                    prior=prior, reduce=reduce, fp8_prior=fp8_prior),

@@ -29,6 +29,7 @@ NATURAL         paint_precision, insert_casts          plan
 LABEL           plan_casts, store_params               insert_casts, reports
 CAST            insert_casts                           store_params, reports, re-transforms
 MADE_BY         copy_provenance (the running pass)     reports (nodes a rewrite pass made)
+PLAN_KEY        paint_precision                        saved plans (the node's stable key)
 ==============  =====================================  ==========================================
 
 ``PASS_WRITTEN`` lists the keys a pass decides; a re-transform drops them (:func:`reset`) and
@@ -90,12 +91,14 @@ MADE_BY = "amp_made_by"  # name of the pass that made this node (set by copy_pro
 # ops.Mixed: the mixed-dtype signature an FP32 node's kernel was confirmed to take (it reads its
 # data input low and computes in fp32; DESIGN.md, "Compute dtype is not storage dtype").
 MIXED = "amp_mixed"
+# str: the node's key in a saved plan (module path, op, occurrence; precision/saved_plan.py)
+PLAN_KEY = "amp_plan_key"
 
 # Where a node came from: what every node a pass makes inherits from the node it replaces.
 PROVENANCE = (MODULE_PATH, MODULE_TYPES, "stack_trace", "nn_module_stack")
 # What passes decide: dropped when a transformed graph is transformed again.
 PASS_WRITTEN = (FORCE, RANGE, FAMILY, CLASS, REASON, TIED, NATURAL, LABEL, CAST, MADE_BY, MIXED,
-                FLOAT8)
+                FLOAT8, PLAN_KEY)
 
 
 class Label(str, enum.Enum):

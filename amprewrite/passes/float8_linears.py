@@ -168,9 +168,20 @@ class Float8Linears(Pass):
                 changed = True
         return changed
 
+    def _saved_verdicts(self, gm: fx.GraphModule) -> dict[fx.Node, str]:
+        """With a saved plan: each linear's float8 verdict as saved (not measured again)."""
+        plan = self.policy.plan
+        if plan is None:
+            return {}
+        keys = {n: k for n in gm.graph.nodes if (k := n.meta.get(M.PLAN_KEY)) is not None}
+        decided = [n for n in keys if n.meta.get(M.CLASS) not in (None, Precision.NONFLOAT)]
+        found = plan.match(keys, decided)
+        return {n: str(e["fp8"]) for n, e in found.entries.items() if e.get("fp8")}
+
     def _candidates(self, gm: fx.GraphModule, spec: f8.Float8):
         training = gm.training
         out, verdicts = [], {}
+        saved = self._saved_verdicts(gm)
         params = given_parameters(gm, self.example_inputs)
         local = _local_shapes(gm, self.example_inputs)
         for node in list(gm.graph.nodes):
@@ -195,7 +206,9 @@ class Float8Linears(Pass):
             c.transposed = transposed
             out.append(c)
             size = f"{k}x{n} on {c.m} rows"
-            if any(matches(node, s) for s in spec.exclude):
+            if node in saved:
+                verdicts[node] = saved[node]
+            elif any(matches(node, s) for s in spec.exclude):
                 verdicts[node] = f"bf16: {size}, excluded by fp8 exclude"
             elif k % 16 or n % 16:
                 verdicts[node] = (f"bf16: {size}, float8 GEMMs need K and N divisible by 16")

@@ -20,8 +20,16 @@ inputs
    FP32, and so is a LOW op that reads one, or reads a weight the low dtype would store mostly
    subnormal (a 1e-6 layer scale in fp16; a bias alone rescale_matmuls has split off, to be
    added in fp32); where they keep more than half of the matmul FLOPs fp32, a note says so;
-5. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name);
-   ``allow_low`` also gives back the class a range or a non-strict declaration took.
+5. a **saved plan** (``transform(..., plan=...)``, :mod:`amprewrite.precision.saved_plan`):
+   each node it has an entry for takes the entry's class, reason and mixed signature, as
+   saved or as edited; its kernels are not probed again. A node it has none for keeps the
+   rules above (and is named in the report; ``strict=True`` refuses it);
+6. the user's ``keep_fp32`` / ``allow_low`` overrides (module path, module type, family name);
+   ``allow_low`` also gives back the class a range or a non-strict declaration took. With a
+   plan, only the selectors the plan was not made with: the others are in its decisions.
+
+Every node gets its key in a saved plan (``meta[PLAN_KEY]``) here, where the graph holds the
+nodes the rules decide.
 
 Then the *natural* precision of each float value follows in topological order: LOW ops are
 low, FP32 ops high, PROMOTE and NEUTRAL ops the widest of their float inputs (autocast's rule,
@@ -35,6 +43,7 @@ import operator
 import torch
 from torch import fx
 
+from ..errors import PolicyError
 from ..graph import meta as M
 from ..graph.meta import HIGH, LOW, info
 from ..graph.modules import submodule
@@ -64,7 +73,8 @@ from ..precision.ranges import (
     range_limit,
     short_name,
 )
-from ..precision.report import REPORT_KEY
+from ..precision.report import REPORT_KEY, PlanUse
+from ..precision.saved_plan import PlanMatch, node_keys, selector_name
 from .base import LOW_FLOPS, Kind, Pass, matmul_flops
 
 __all__ = ["PaintPrecision", "matches"]
@@ -130,7 +140,7 @@ class PaintPrecision(Pass):
 
     name, kind = "paint_precision", Kind.ANALYSIS
     requires = (M.ORIG, M.MODULE_PATH, M.MODULE_TYPES, M.FORCE, M.RANGE)
-    writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED)
+    writes = (M.FAMILY, M.CLASS, M.REASON, M.TIED, M.NATURAL, M.MIXED, M.PLAN_KEY)
     # Parameters and buffers the model declares fp32, by the target of the get_attr (or, in a
     # torch.compile graph, placeholder) node that reads them: (declaring attribute, the
     # parameter's name). Set by passes.pipeline where the graph does not name them as the
@@ -152,6 +162,12 @@ class PaintPrecision(Pass):
         self._module: dict[fx.Node, torch.nn.Module] = {}  # what a call_module node calls
         for node in M.each_node(gm.graph):
             self._classify(gm, node, low)
+        keys = node_keys(gm, {n: n.meta.get(M.FAMILY) for n in gm.graph.nodes})
+        for node, key in keys.items():
+            node.meta[M.PLAN_KEY] = key
+        # Nodes whose class and reason come from a saved plan: their reason as saved.
+        self._planned: dict[fx.Node, str] = {}
+        plan = self._match(gm, keys) if self.policy.plan is not None else None
         self._cones(gm)
         self._static(gm)
         # What a declaration or a range took, for allow_low to give back: node -> (class, why).
@@ -164,16 +180,79 @@ class PaintPrecision(Pass):
         if declared:
             self._declarations(gm, declared)
         self._ranges(gm, low)
-        if self.policy.keep_fp32 or self.policy.allow_low:
+        if plan is not None:
+            self._apply_plan(plan)
+        keep, allow = self._selectors()
+        if keep or allow:
             for node in M.each_node(gm.graph):
-                self._override(node)
+                self._override(node, keep, allow)
         if self._taken:
             self._note_ranges(gm)
         self._probe_kernels(gm, low)
         self._mixed(gm, low)
         self._note_unknown(gm)
         self._natural(gm, low)
+        for node, why in self._planned.items():
+            node.meta[M.REASON] = why  # as saved (a rule above may have added to it)
         return False  # meta only: the graph's code is unchanged
+
+    def _match(self, gm: fx.GraphModule, keys: dict[fx.Node, str]) -> PlanMatch:
+        """The saved plan's entry of each node; the report says which nodes it did not know."""
+        plan = self.policy.plan
+        wanted = [n for n in keys if n.meta.get(M.CLASS) not in (None, _P_NONFLOAT)]
+        found = plan.match(keys, wanted)
+        if self.policy.strict and (found.new or found.missing):
+            new = ", ".join(f"{n.name} ({keys[n]})" for n in found.new[:5])
+            gone = ", ".join(found.missing[:5])
+            raise PolicyError(
+                f"strict=True: the graph does not match the plan {plan.source}"
+                + (f"; {len(found.new)} node(s) it has no entry for: {new}" if found.new else "")
+                + (f"; {len(found.missing)} of its entries name no node of this graph: {gone}"
+                   if found.missing else "")
+                + ". The model changed since the plan was saved: transform without strict=True "
+                "to decide those nodes afresh (the report names them), then save_plan the "
+                "result and review it with `amprewrite plan diff`.")
+        rep = gm.meta.get(REPORT_KEY)
+        if rep is not None:
+            rep.plan = PlanUse(plan.source, len(wanted) - len(found.new),
+                               [n.name for n in found.new], found.missing)
+        return found
+
+    def _apply_plan(self, found: PlanMatch) -> None:
+        """Each node the plan has an entry for takes its class, reason and mixed signature."""
+        source = self.policy.plan.source
+        for node, entry in found.entries.items():
+            cls = node.meta.get(M.CLASS)
+            saved = entry.get("class")
+            if (cls in (None, _P_NONFLOAT) or saved in (None, "nonfloat")
+                    or node in self._writes):
+                continue  # no decision to take: structure, as the graph has it
+            new = Precision(saved)
+            why = _saved_reason(entry)
+            dtype = entry.get("dtype")
+            if (new == _P_FP32 and dtype not in (None, "float32")) or (
+                    new == _P_LOW and dtype == "float32"):
+                # the class was edited by hand (the dtype says what it was saved as)
+                why = f"{saved} in the plan {source}, edited by hand (saved: {why})"
+            node.meta[M.CLASS] = new
+            node.meta[M.REASON] = why
+            if new == _P_FP32:
+                node.meta.pop(M.TIED, None)
+            mixed = entry.get("mixed")
+            if mixed and new == _P_FP32:
+                node.meta[M.MIXED] = Mixed(mixed)
+            self._planned[node] = why
+
+    def _selectors(self) -> tuple[tuple[Selector, ...], tuple[Selector, ...]]:
+        """The keep_fp32 / allow_low selectors to apply: with a plan, those it was not made
+        with (its decisions hold the others)."""
+        keep, allow = self.policy.keep_fp32, self.policy.allow_low
+        plan = self.policy.plan
+        if plan is None:
+            return keep, allow
+        saved = plan.policy
+        return (tuple(s for s in keep if selector_name(s) not in saved.get("keep_fp32", ())),
+                tuple(s for s in allow if selector_name(s) not in saved.get("allow_low", ())))
 
     def _classify(self, gm: fx.GraphModule, node: fx.Node, low: torch.dtype) -> None:
         op, meta, value = node.op, node.meta, info(node)
@@ -409,17 +488,20 @@ class PaintPrecision(Pass):
         # that also reads float tensors may use its integers as indices or offsets).
         return any(info(a).is_int for a in args) and not any(info(a).is_float for a in args)
 
-    def _override(self, node: fx.Node) -> None:
+    def _override(self, node: fx.Node, keep: tuple[Selector, ...],
+                  allow: tuple[Selector, ...]) -> None:
         cls = node.meta.get(M.CLASS)
         if cls in (None, _P_NONFLOAT) or node in self._writes:
             return  # an in-place op (after functionalize: on a private copy) stays tied to it
-        for sel in self.policy.keep_fp32:
+        if any(matches(node, sel) for sel in (*keep, *allow)):
+            self._planned.pop(node, None)  # the call's own selector decides it
+        for sel in keep:
             if matches(node, sel):
                 node.meta[M.CLASS] = _P_FP32
                 node.meta[M.REASON] = f"keep_fp32={_show(sel)}"
                 node.meta.pop(M.TIED, None)
                 return
-        for sel in self.policy.allow_low:
+        for sel in allow:
             if matches(node, sel) and node in self._taken and node not in self._strict:
                 # A range or a non-strict declaration took it: the user vouches for its class.
                 before, why = self._taken[node]
@@ -442,23 +524,27 @@ class PaintPrecision(Pass):
 
     def _probe_kernels(self, gm: fx.GraphModule, low: torch.dtype) -> None:
         """Nodes that may run low get an fp32 island where the low kernel is missing or wrong."""
+        family, writes, floats = self._family, self._writes, self._floats
+        # Those that may run low, in a family the probe runs for, writing nothing, with a float
+        # value and a float tensor among their inputs; not those a saved plan decided (probed
+        # where it was made).
+        probed = [n for n in gm.graph.nodes
+                  if n.meta.get(M.CLASS) in _MAY_RUN_LOW and (fam := family[n]) is not None
+                  and fam.probe and n not in writes and n in floats
+                  and n not in self._planned
+                  and not self._float_tensors.isdisjoint(n.all_input_nodes)]
         device = self._device()
         if device is None:
-            _note(gm, f"kernels not probed: device '{self.policy.device}' is not available here; "
-                      "transform on a machine that has it to check its low-precision kernels")
+            if probed or not self._planned:
+                _note(gm, f"kernels not probed: device '{self.policy.device}' is not available "
+                          "here; transform on a machine that has it to check its low-precision "
+                          "kernels")
             return
         # Imported here: the rest of this module needs only low_kernel_problem.
         from ..precision.kernels import NOT_CONFIRMED
 
         unconfirmed: dict[str, list[str]] = {}  # op -> nodes whose low kernel no probe ran
         verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
-        family, writes, floats = self._family, self._writes, self._floats
-        # Those that may run low, in a family the probe runs for, writing nothing, with a float
-        # value and a float tensor among their inputs.
-        probed = [n for n in gm.graph.nodes
-                  if n.meta.get(M.CLASS) in _MAY_RUN_LOW and (fam := family[n]) is not None
-                  and fam.probe and n not in writes and n in floats
-                  and not self._float_tensors.isdisjoint(n.all_input_nodes)]
         for node in M.each_node_of(probed):
             fam = family[node]
             # A parameter-free module left as a call (nn.AvgPool3d in a Sequential) runs the
@@ -494,8 +580,10 @@ class PaintPrecision(Pass):
         verdicts: dict = {}  # nodes of the same signature: one template, one cache lookup
         for node, why in self._registry_fp32.items():
             fam = self._family[node]
-            # Only the registry's FP32: not a position cone, a keep_fp32 or an fp32 island.
-            if (fam is None or not fam.mixed or node.meta.get(M.REASON) is not why
+            # Only the registry's FP32: not a position cone, a keep_fp32 or an fp32 island;
+            # nor a node a saved plan decided (its mixed signature is the plan's).
+            if (node in self._planned or fam is None or not fam.mixed
+                    or node.meta.get(M.REASON) is not why
                     or node.meta.get(M.CLASS) != _P_FP32 or info(node).kind != "tensor"):
                 continue
             data = node.args[0] if node.args else None
@@ -599,6 +687,16 @@ def _inexact_fill(node: fx.Node, low: torch.dtype) -> float | None:
         return None
     exact = torch.tensor(fill, dtype=torch.float32)
     return None if bool(exact.to(low).float() == exact) else fill
+
+
+def _saved_reason(entry: dict) -> str:
+    """An entry's reason as painting gave it: without what insert_casts adds to a mixed-dtype
+    op's reason (``"; reads bfloat16, ... (probed)"``), which it adds again."""
+    why = str(entry.get("reason") or "decided by the saved plan")
+    head, sep, tail = why.rpartition("; reads ")
+    if sep and entry.get("mixed") and tail.endswith("(probed)"):
+        return head
+    return why
 
 
 def _note(gm: fx.GraphModule, text: str) -> None:

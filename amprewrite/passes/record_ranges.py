@@ -24,6 +24,7 @@ from ..graph.modules import get_attr
 from ..graph.shapes import split_inputs
 from ..precision.ranges import ValueRange, merge, tensor_range, widest
 from ..precision.report import REPORT_KEY
+from ..precision.saved_plan import node_keys, saved_range
 from .base import Kind, Pass
 
 __all__ = ["RecordRanges", "by_name", "qualified_names", "record_ranges"]
@@ -174,6 +175,21 @@ class RecordRanges(Pass):
             return []
         return [self.example_inputs, *(self.policy.calibration if self.policy else ())]
 
+    def _saved(self, gm: fx.GraphModule) -> tuple[dict[fx.Node, ValueRange], bool] | None:
+        """With a saved plan: the ranges it recorded, by node, and whether it knows every
+        value the graph computes (then no input needs to run); None without one."""
+        plan = self.policy.plan if self.policy is not None else None
+        if plan is None:
+            return None
+        keys = node_keys(gm)
+        values = [n for n in gm.graph.nodes
+                  if n.op in ("call_function", "call_method", "call_module")
+                  and M.info(n).has_float()]
+        found = plan.match(keys, values)
+        ranges = {n: r for n, e in found.entries.items()
+                  if n.op != "get_attr" and (r := saved_range(e)) is not None}
+        return ranges, not found.new
+
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype if self.policy is not None else torch.bfloat16
         seen: dict[int, object] = {}  # a tensor read by several get_attr nodes: measured once
@@ -186,6 +202,14 @@ class RecordRanges(Pass):
                     seen[id(value)] = tensor_range(value, low)
                 node.meta[M.RANGE] = seen[id(value)]
         batches = self._batches()
+        saved = self._saved(gm)
+        if saved is not None:
+            ranges, complete = saved
+            if complete or not batches:  # the plan knows every value: nothing to run
+                for node, r in ranges.items():
+                    node.meta[M.RANGE] = r
+                gm.meta[M.RANGES_KEY] = by_name(ranges, gm)
+                return False
         if not batches:
             return False
         # The float8 check of a checkpointed body (transform_bodies) runs on its inputs.
@@ -201,6 +225,10 @@ class RecordRanges(Pass):
         for node, name in qualified_names(gm).items():  # region bodies' nodes too
             if name in named:
                 node.meta[M.RANGE] = named[name]
+        if saved is not None:  # recorded for the nodes the plan does not know; its own for the rest
+            for node, r in saved[0].items():
+                node.meta[M.RANGE] = r
+                named[node.name] = r
         gm.meta[M.RANGES_KEY] = named
         rep = gm.meta.get(REPORT_KEY)
         if rep is not None and len(batches) > 1:

@@ -16,6 +16,7 @@ from ..graph import meta as M
 from ..graph.dtypes import low_dtype
 from .float8 import parse_fp8
 from .ops import FAMILIES, op_qualname
+from .saved_plan import load_plan
 
 __all__ = ["CAPTURES", "Policy", "calibration_batches", "check_node_selectors", "check_selectors",
            "matches", "parse_dtype"]
@@ -150,6 +151,13 @@ class Policy:
     calibration: tuple = field(default=(), hash=False, compare=False, repr=False)
     # bf16 only: the linears that pay and stay accurate run in float8 (amprewrite.precision.float8).
     fp8: object = None
+    # A saved plan (amprewrite.save_plan; a path, its text or dict, read into a SavedPlan):
+    # its decisions are applied instead of deciding again (docs/guide.md, "Plans"). Compared
+    # and hashed by its contents.
+    plan: object = field(default=None, repr=False)
+    # With plan=: refuse a graph with nodes the plan does not know, or without nodes it has
+    # (the model changed), instead of deciding those afresh.
+    strict: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
@@ -224,6 +232,17 @@ class Policy:
                 "fp8=..., or drop fp8.")
         if not isinstance(self.keep_io_dtype, bool):
             raise PolicyError(f"keep_io_dtype must be True or False, got {self.keep_io_dtype!r}.")
+        if not isinstance(self.strict, bool):
+            raise PolicyError(f"strict must be True or False, got {self.strict!r}.")
+        if self.plan is not None:
+            plan = load_plan(self.plan)
+            object.__setattr__(self, "plan", plan)
+            if plan.dtype is not None and plan.dtype != self.dtype:
+                raise PolicyError(
+                    f"the plan {plan.source} was made for {plan.dtype}, and this transform asks "
+                    f"for {self.dtype}: its decisions (which nodes run low, which casts) hold "
+                    f"for its dtype only. Pass dtype={plan.dtype}, or transform without plan= "
+                    "to decide afresh for this dtype.")
 
 
 def check_selectors(policy: Policy, paths: Iterable[str], owner: str) -> None:

@@ -18,8 +18,8 @@ from .policy import Policy, matches
 from .ranges import ValueRange
 
 __all__ = ["CAPTURE_TOOL", "POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport",
-           "PlanEvent", "Report", "Rewrite", "StateDecision", "decisions_of", "record", "report",
-           "text_table", "transform_notes"]
+           "PlanEvent", "PlanUse", "Report", "Rewrite", "StateDecision", "decisions_of", "record",
+           "report", "text_table", "transform_notes"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,12 @@ class Decision:
     # With fp8=: a candidate linear's float8 verdict and why ("fp8 (tensorwise): ..." or
     # "bf16: ..."); None for every other node. A chosen one computes in float8_e4m3fn.
     fp8: str | None = None
+    # Its key in a saved plan: module path, op and occurrence (``layers.0.mlp:linear#1``;
+    # a cast's is its value's key and dtype, ``...#1->float32``), None for nodes made after
+    # the plan (amprewrite.save_plan, docs/guide.md "Plans").
+    key: str | None = None
+    # The mixed-dtype signature a probe confirmed for an fp32 op (``"low_io"``, ...), else None.
+    mixed: str | None = None
 
 
 @dataclass
@@ -67,6 +73,30 @@ class StateDecision:
     dtype: str
     reason: str
     step: int  # the optimizer step that made the choice (0: before the first)
+
+
+@dataclass
+class PlanUse:
+    """How a transform applied a saved plan (``transform(..., plan=...)``): where it came from,
+    how many nodes took its decisions, the nodes it did not know (decided afresh: the model
+    changed) and the nodes it has that the graph does not."""
+
+    source: str
+    applied: int
+    new: list[str] = field(default_factory=list)  # node names, decided afresh
+    missing: list[str] = field(default_factory=list)  # plan keys
+
+    def __str__(self) -> str:
+        text = f"plan: {self.source}, {self.applied} nodes as saved"
+        if self.new:
+            shown = ", ".join(self.new[:8]) + (f" and {len(self.new) - 8} more"
+                                              if len(self.new) > 8 else "")
+            text += f"; decided afresh (not in the plan): {shown}"
+        if self.missing:
+            shown = ", ".join(self.missing[:8]) + (f" and {len(self.missing) - 8} more"
+                                                  if len(self.missing) > 8 else "")
+            text += f"; in the plan but not in this graph: {shown}"
+        return text
 
 
 @dataclass
@@ -87,6 +117,9 @@ class Report:
     timings: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     training_state: list[StateDecision] = field(default_factory=list)  # amprewrite.optimizer's
+    # The options the plan was made with, as a saved plan records them (amprewrite.save_plan).
+    policy: dict = field(default_factory=dict)
+    plan: PlanUse | None = None  # transform(..., plan=...): how the saved plan was applied
 
     @property
     def casts(self) -> list[Rewrite]:
@@ -123,6 +156,8 @@ class Report:
             times = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in self.timings.items())
             lines.append(f"time: {times}")
         lines += [f"note: {n}" for n in self.notes]
+        if self.plan is not None:
+            lines.append(str(self.plan))
         other = [r for r in self.rewrites if not r.action.startswith("cast")]
         if other:
             lines.append("rewrites:")
@@ -381,8 +416,9 @@ def decisions_of(gm: fx.GraphModule, policy: object) -> list[Decision]:
         out.append(_decision(node, policy))
         if node in regions:
             name, report = regions[node]
-            out += [dataclasses.replace(d, node=f"{name}.{d.node}") for d in report.decisions
-                    if d.op not in ("placeholder", "output")]
+            out += [dataclasses.replace(d, node=f"{name}.{d.node}",
+                                        key=d.key and f"{name}/{d.key}")
+                    for d in report.decisions if d.op not in ("placeholder", "output")]
     return out
 
 
@@ -400,9 +436,15 @@ def _decision(node: fx.Node, policy: object) -> Decision:
         dtype = str(torch.float8_e4m3fn)
     target = node.target if isinstance(node.target, str) else getattr(
         node.target, "__name__", str(node.target))
+    key = node.meta.get(M.PLAN_KEY)
+    if M.CAST in node.meta and node.args and isinstance(node.args[0], fx.Node):
+        source = node.args[0].meta.get(M.PLAN_KEY)
+        key = source and f"{source}->{str(node.meta[M.CAST]).replace('torch.', '')}"
+    mixed = node.meta.get(M.MIXED)
     return Decision(node.name, node.op, str(target), node.meta.get(M.MODULE_PATH, ""),
                     node.meta.get(M.FAMILY), precision, dtype, node.meta.get(M.REASON, ""),
-                    M.source_line(node), storage, node.meta.get(M.RANGE), fp8)
+                    M.source_line(node), storage, node.meta.get(M.RANGE), fp8, key,
+                    getattr(mixed, "value", None))
 
 
 # What each capture method is called in a note.

@@ -6,6 +6,7 @@ __all__ = [
     "AmpRewriteError",
     "AutocastIgnoredWarning",
     "CaptureError",
+    "DistributedError",
     "ModeSwitchError",
     "ModelError",
     "NotVerifiedWarning",
@@ -29,6 +30,11 @@ class PolicyError(AmpRewriteError, ValueError):
 
 class CaptureError(AmpRewriteError, RuntimeError):
     """The model could not be captured into a graph (tracing or dynamo export failed)."""
+
+
+class DistributedError(AmpRewriteError, RuntimeError):
+    """Under ``torch.distributed``, a compile that needs every rank (a training forward's
+    value ranges widened across ranks) found ranks that did not reach it in time."""
 
 
 class ModeSwitchError(AmpRewriteError, RuntimeError):

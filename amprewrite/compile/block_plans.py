@@ -22,14 +22,18 @@ What each graph's plan was made from, and every re-plan with its reason, is in
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
+import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 from torch import fx, nn
 
+from ..errors import DistributedError
 from ..graph.meta import CAST, FLOAT8, FP8_ERRORS_KEY, RANGES_KEY, REPORT_KEY
 from ..graph.runtime import no_enclosing_autocast
 from ..precision.ranges import (
@@ -98,6 +102,7 @@ def across_ranks(values: dict[str, object],
     at the same call under SPMD training."""
     if not distributed():
         return values
+    _every_rank_arrives()
     gathered: list[dict | None] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, values)
     out: dict[str, object] = {}
@@ -105,6 +110,42 @@ def across_ranks(values: dict[str, object],
         for name, v in (rank_values or {}).items():
             out[name] = combine(out.get(name), v)
     return out
+
+
+# How long a rank that plans a training forward waits for every other rank to reach the same
+# plan before it says they are not compiling (seconds; AMPREWRITE_RANK_WAIT_S overrides it).
+RANK_WAIT_S = 30.0
+_ARRIVALS = itertools.count()  # this process's across_ranks calls: the n-th on every rank
+
+
+def _every_rank_arrives() -> None:
+    """Return once every rank has reached this process's n-th :func:`across_ranks` call, or
+    raise :class:`~amprewrite.errors.DistributedError` after ``RANK_WAIT_S`` seconds.
+
+    The ranks meet through the process group's store, with a bounded wait: at the collective
+    itself (``all_gather_object``) a training forward that only some ranks run (rank 0
+    sampling in train mode with gradients on while the others wait at a barrier) waited for
+    the group's whole timeout (torch's default 10-30 minutes), then failed without saying why
+    (issue 65)."""
+    dist = torch.distributed
+    store = dist.distributed_c10d._get_default_store()
+    rank, world, call = dist.get_rank(), dist.get_world_size(), next(_ARRIVALS)
+    keys = [f"amprewrite/spmd/{call}/{r}" for r in range(world)]
+    store.set(keys[rank], "1")
+    wait = float(os.environ.get("AMPREWRITE_RANK_WAIT_S", RANK_WAIT_S))
+    try:
+        store.wait(keys, timedelta(seconds=wait))
+    except (RuntimeError, TimeoutError):  # the store's timeout (DistStoreError)
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        raise DistributedError(
+            f"amprewrite: rank {rank} is compiling a training forward (gradients on, the module "
+            "in train mode), whose plan widens its values across every rank, and rank(s) "
+            f"{missing} did not reach the same compile within {wait:g} s: a training forward "
+            "that only some ranks run would wait there for the process group's timeout. Run "
+            "such forwards on every rank, or under torch.no_grad() (or model.eval()), which "
+            "plan from this rank's values alone (docs/guide.md, \"Evaluating or sampling on "
+            "rank 0\"). Ranks that only compile at different speeds: set "
+            "AMPREWRITE_RANK_WAIT_S to a longer wait.") from None
 
 
 def _excess(r: ValueRange, low: torch.dtype) -> int:

@@ -23,7 +23,9 @@ instead (a copy is exact in fp32 too).
 
 Which nodes: ``upsample="always"`` rewrites every nearest upsample; ``"auto"`` (default) those a
 capability probe finds no kernel for on the target device and dtype (as bf16 on CUDA before
-torch 2.1), and nearest upsampling on CUDA while deterministic algorithms are enabled (its
+torch 2.1), every one where the target device is not there to probe (``device="cuda"`` on a
+machine without CUDA: planned as without a kernel, like the rest of the graph's unprobed
+ops, with a note), and nearest upsampling on CUDA while deterministic algorithms are enabled (its
 native backward is nondeterministic); ``"never"`` none. Linear, bilinear, bicubic, trilinear and
 area modes without a kernel become fp32 islands (upcast, interpolate, cast down): another
 algorithm is never substituted silently.
@@ -78,15 +80,14 @@ def has_kernel(device_type: str, dtype: torch.dtype, mode: str, rank: int) -> bo
             return False
 
 
-def check_device(device: torch.device) -> None:
+def unavailable(device: torch.device) -> str | None:
+    """Why ``device`` cannot run a probe here (``"Torch not compiled with CUDA enabled"``), or
+    None where it can."""
     try:
         torch.empty(1, device=device)
     except (RuntimeError, AssertionError) as exc:
-        raise PolicyError(
-            f"cannot probe upsample kernels on device '{device}': it is not available here "
-            f"({str(exc).splitlines()[0]}). Plan on a machine that has it, or pass "
-            "upsample='always' or upsample='never' to decide without probing."
-        ) from None
+        return str(exc).splitlines()[0]
+    return None
 
 
 def _ranks(x: fx.Node, mode: str, size, scale_factor) -> list[int]:
@@ -112,7 +113,14 @@ def _why(policy, mode: str, x: fx.Node, size, scale_factor) -> str | None:
     if policy.upsample == "always":
         return "upsample='always'" if nearest else None
     device = torch.device(policy.device or "cpu")
-    check_device(device)
+    absent = unavailable(device)
+    if absent is not None:
+        # Planned as without a kernel: nearest becomes exact copies (bit for bit what the
+        # kernel gives), another mode an fp32 island (autocast's choice on CUDA). The plan
+        # holds whatever the kernels there are, as the rest of the graph's does (a note says
+        # they were not probed).
+        return (f"kernels not probed: device '{device}' is not available here ({absent}); "
+                "planned as without a low upsample kernel")
     missing = [r for r in _ranks(x, mode, size, scale_factor)
                if not has_kernel(device.type, policy.dtype, mode, r)]
     if missing:

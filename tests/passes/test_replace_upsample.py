@@ -431,11 +431,30 @@ def test_probe_is_independent_of_the_callers_grad_mode_and_compile_context():
     assert not any(n.target in ("expand", "index_select") for n in graphs[0].graph.nodes)
 
 
-def test_planning_for_an_absent_device_says_what_to_do():
+@pytest.mark.parametrize("example", [False, True], ids=["symbolic", "dynamo"])
+def test_planning_for_an_absent_device_is_one_behaviour_with_a_note(example):
+    """``device="cuda"`` where there is no CUDA: an MLP planned with a note that kernels were
+    not probed, and an upsample model refused with PolicyError (issue 65). Now every model is
+    planned, as without a low kernel where a probe would have decided (nearest upsample: exact
+    copies; bilinear: an fp32 island), and the report says the kernels were not probed."""
     if torch.cuda.is_available():
         pytest.skip("CUDA is present")
-    with pytest.raises(amprewrite.PolicyError, match="upsample='always'"):
-        transform(nn.Upsample(scale_factor=2), dtype=torch.bfloat16, device="cuda")
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8))
+    unet = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Upsample(scale_factor=2),
+                         nn.Conv2d(4, 4, 1), nn.Upsample(scale_factor=2, mode="bilinear"),
+                         nn.Conv2d(4, 2, 1))
+    for model, x in ((mlp, torch.randn(4, 8)), (unet, torch.randn(2, 3, 8, 8))):
+        gm = amprewrite.transform(model, dtype=torch.bfloat16, device="cuda",
+                                  example_inputs=(x,) if example else None, verify=example)
+        notes = amprewrite.report(gm).notes
+        assert any(n.startswith("kernels not probed: device 'cuda'") for n in notes), notes
+        with torch.no_grad():
+            ref, out = model(x), gm(x)
+        assert (out - ref).norm() / ref.norm() < 2e-2  # bf16 against fp32 (measured ~3e-3)
+    assert len(upsample_left(gm)) == 1  # the bilinear one; the nearest one became copies
+    (island,) = [n for n in gm.graph.nodes if n.meta.get(M.FORCE)]
+    assert "kernels not probed: device 'cuda'" in island.meta[M.FORCE][1]
     gm = transform(nn.Upsample(scale_factor=2), dtype=torch.bfloat16, device="cuda",
                    upsample="always")
     assert not upsample_calls(gm) and not upsample_left(gm)

@@ -61,3 +61,38 @@ def test_rank0_evaluates_alone_while_the_other_waits(tmp_path, worker):
     assert zero["took"] < 40  # it did not wait for the group's timeout
     assert zero["local"] and all(n == 1 for n in zero["local"])  # planned from its own values
     assert zero["spmd"] and zero["spmd"] == one["spmd"]  # training: one plan on both ranks
+
+
+def _trains_alone(rank: int, world: int) -> dict:
+    """Rank 0 runs a training forward (gradients on, train mode) that rank 1 never runs: rank 1
+    waits at a barrier. The plan's collective would wait for the group's timeout; it fails
+    within AMPREWRITE_RANK_WAIT_S instead, with what to do."""
+    import os
+
+    from amprewrite.errors import AmpRewriteError, DistributedError
+    from amprewrite.testing.scale import blocks_model, compile_blocks
+
+    os.environ["AMPREWRITE_RANK_WAIT_S"] = "3"
+    model = compile_blocks(blocks_model(hot=None), options={"dtype": "bf16", "inner": "eager"})
+    x = torch.randn(4, 16, 64, generator=torch.Generator().manual_seed(rank))
+    out = {"error": None}
+    if rank == 0:
+        start = time.perf_counter()
+        try:
+            model(x).square().mean().backward()
+        except Exception as exc:  # dynamo wraps the backend's error (BackendCompilerFailed)
+            inner = getattr(exc, "inner_exception", exc)
+            out.update(error=str(inner), amprewrite=isinstance(inner, AmpRewriteError),
+                       distributed=isinstance(inner, DistributedError))
+        out["took"] = time.perf_counter() - start
+    dist.barrier()
+    return out
+
+
+def test_a_training_forward_on_one_rank_fails_within_seconds_saying_what_to_do(tmp_path):
+    zero, one = on_ranks(_trains_alone, 2, tmp_path, timeout=40)
+    assert zero["distributed"] and zero["amprewrite"], zero
+    assert zero["took"] < 20, zero["took"]  # the bounded wait (3 s), not the group's 40 s
+    assert "rank(s) [1] did not reach the same compile within 3 s" in zero["error"]
+    assert "on every rank, or under torch.no_grad()" in zero["error"]
+    assert one["error"] is None

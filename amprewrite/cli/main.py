@@ -21,6 +21,7 @@ from .flags import (
     positive_float,
     positive_int,
 )
+from .plan import add_plan_command
 
 # No torch at import (see the module docstring): .dtypes and .target are imported where used.
 
@@ -216,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "its precision class and every spelling it matches "
                                       "(docs/families.md is this output).")
     fams.set_defaults(run=_families)
+    add_plan_command(command("plan", "show a saved plan (plan show PLAN.json) or diff two "
+                                     "(plan diff A.json B.json: exit 1 when they differ)"))
     return parser
 
 

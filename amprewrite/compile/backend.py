@@ -32,7 +32,7 @@ from ..graph.modules import get_attr
 from ..graph.runtime import no_enclosing_autocast
 from ..precision.policy import Policy, check_selectors
 from ..precision.ranges import declared_fp32, narrower_than_fp32
-from .block_plans import GraphPlan, across_ranks, spmd_call, this_rank
+from .block_plans import GraphPlan, across_ranks, communicates, spmd_call, this_rank
 from .sharding import gathered_dtype
 
 __all__ = ["amprewrite_backend", "backend"]
@@ -149,8 +149,11 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
                        for v in values)
     compile_inner = _inner_backend(inner)
     # Values are widened across ranks only on calls every rank makes: a rank-0 evaluation must
-    # not wait at a collective for ranks that are not compiling (spmd_call).
-    reduce = across_ranks if spmd_call(root) else this_rank
+    # not wait at a collective for ranks that are not compiling (spmd_call). A graph that holds
+    # collectives (tensor parallel) runs on every rank in any mode, and its ranks must send
+    # each collective in one dtype: it always agrees (communicates).
+    reduce = (across_ranks if spmd_call(root) or communicates(gm, example_inputs)
+              else this_rank)
 
     def plan(graph: fx.GraphModule, inputs: tuple, prior: dict | None,
              fp8_prior: dict | None) -> fx.GraphModule:
@@ -159,10 +162,12 @@ def _compile_planned(gm: fx.GraphModule, example_inputs: list, policy: Policy, i
                                fp8_prior=fp8_prior)
 
     # Values decide the plan in fp16 (ranges) and with fp8 (each linear's float8 error): there
-    # the plan is checked on every block that reuses the graph, and after an overflow.
-    watch = concrete and (narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
+    # the plan is checked on every block that reuses the graph, and after an overflow. A saved
+    # plan (options={"plan": ...}) decides instead: nothing to check, every block runs it.
+    watch = concrete and policy.plan is None and (
+        narrower_than_fp32(policy.dtype) or policy.fp8 is not None)
     return GraphPlan(gm, example_inputs, values, policy.dtype, plan, compile_inner, watch,
-                     fp8=concrete and policy.fp8 is not None, reduce=reduce)
+                     fp8=watch and policy.fp8 is not None, reduce=reduce)
 
 
 def _store_low_in_place(root: nn.Module | None, policy: Policy) -> None:
@@ -255,8 +260,11 @@ def amprewrite_backend(gm: fx.GraphModule, example_inputs: list, options: Mappin
     """The registered backend: ``torch.compile(m, backend="amprewrite", options={...})``.
 
     ``options`` takes the keywords of :func:`amprewrite.transform` (``dtype``, ``keep_fp32``,
-    ``allow_low``, ``keep_io_dtype``, ``upsample``, ``device``) and ``inner``, the backend that
-    compiles the rewritten graph (default ``"inductor"``).
+    ``allow_low``, ``keep_io_dtype``, ``upsample``, ``device``, ``plan``, ``strict``) and
+    ``inner``, the backend that compiles the rewritten graph (default ``"inductor"``). With
+    ``plan`` (a file from :func:`amprewrite.save_plan` of a model compiled the same way) each
+    graph takes the saved decisions of the graph it matches, and is not re-planned for other
+    blocks or after an overflow (docs/guide.md, "Plans").
     """
     del mode  # torch.compile passes mode= to every backend; it is inductor's concern
     policy, inner = _policy(options or {})

@@ -127,6 +127,9 @@ def _nodes(rep: Report) -> dict[str, dict]:
     for key, dtypes in casts.items():
         if key in nodes:
             nodes[key]["casts"] = dtypes
+    for r in rep.rewrites:  # decided, then removed (a model's upcast the plan made a no-op)
+        if r.key is not None and r.action == f"remove {r.node}" and r.key not in nodes:
+            nodes[r.key] = {"node": r.node, "removed": f"{r.pass_name}: {r.reason}"}
     # an input or a parameter is worth an entry for its range or its casts only
     for key, entry in values.items():
         if "range" not in entry and "casts" not in entry:

@@ -31,6 +31,7 @@ class Rewrite:
     action: str
     reason: str
     module_path: str = ""
+    key: str | None = None  # the node's key in a saved plan, where it has one
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,8 @@ def record(gm: fx.GraphModule, node: fx.Node, action: str, reason: str) -> None:
     rep: Report | None = gm.meta.get(REPORT_KEY)
     if rep is not None:
         rep.rewrites.append(Rewrite(node.name, M.current_pass() or "", action, reason,
-                                    node.meta.get(M.MODULE_PATH, "")))
+                                    node.meta.get(M.MODULE_PATH, ""),
+                                    node.meta.get(M.PLAN_KEY)))
 
 
 # --- what the torch.compile backend decided (amprewrite.compile.block_plans) ---

@@ -60,6 +60,8 @@ class VerifyOutput(Pass):
             # that is silently wrong would otherwise go through unnoticed (verify=False is a
             # choice and stays quiet).
             ranges = _RANGES if self.policy.dtype == torch.float16 else ""
+            if rep is not None and rep.plan is not None and not rep.plan.new:
+                ranges = ""  # every decision is a saved plan's, made on the values it saw
             if rep is not None:
                 rep.notes.append("verify: not run, there were no example_inputs to run the "
                                  f"graph on{ranges}; {_ADVICE}")

@@ -35,6 +35,10 @@
                                         # params="low", per zoo model, train and inference,
                                         # bf16 and fp16 (options: python -m benchmarks bytes
                                         # --help)
+    python -m benchmarks tp             # tensor-parallel collectives of a training step on 2
+                                        # gloo ranks: bytes by dtype of fp32, autocast and the
+                                        # backend, bf16 and fp16 (options: python -m
+                                        # benchmarks tp --help)
     python -m benchmarks state          # the training state: bytes a parameter, loss over 300
                                         # steps of real text, bytes of a compiled train step;
                                         # fp32, autocast, naive bf16, params="low" +
@@ -146,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["state"]:  # its own options (--parts, --steps, --lr, --out)
         from .training import state
 
+    if argv[:1] == ["tp"]:  # its own options (--dtypes, --out)
+        from .compile import tp_collectives
+
+        tp_collectives.main(argv[1:])
+        return 0
         state.main(argv[1:])
         return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
@@ -155,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "mutants", "memory", "deploy", "modelopt",
-                                         "overflow", "fp8", "sharding", "state", "bytes"])
+                                         "overflow", "fp8", "sharding", "state", "bytes",
+                                         "trainers", "tp"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

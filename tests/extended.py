@@ -110,6 +110,8 @@ EXTENDED: tuple[str, ...] = (
     # stays, an additive causal mask becomes is_causal (test_simplify_attention_masks.py).
     "tests/passes/test_simplify_attention_masks.py::test_vit_and_gpt2_masks_go_and_a_sliding_window_stays",
     "tests/passes/test_simplify_attention_masks.py::test_a_dynamic_length_is_checked_at_its_bound_and_an_unbounded_one_keeps_the_mask",
+    # Default run: the 2-rank TP collectives in bf16 and fp16 and the eval plans agreeing.
+    "tests/training/test_tp_collectives.py::test_tp_and_fsdp2_on_a_2x2_mesh_send_and_gather_low",
     # Default run: Qwen2's first new length warns once and its advice serves every length
     # (test_retransform_warning.py); GPT-2 (n_positions) repeats it.
     "tests/graph/test_retransform_warning.py::test_first_new_length_warns_once_with_the_dynamic_shapes_that_avoid_it[gpt2]",

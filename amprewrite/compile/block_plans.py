@@ -47,9 +47,9 @@ from ..precision.ranges import (
 from ..precision.report import COMPILED_LOOKUPS, CompiledReport, GraphReport, PlanEvent, Report
 
 __all__ = ["CompiledReport", "GraphPlan", "GraphReport", "PlanEvent", "across_ranks",
-           "compiled_report", "copy_graph", "count_step", "distributed", "float8_parameters",
-           "fsdp_params", "mark_overflow", "outgrown", "plans_of", "plans_version", "spmd_call",
-           "this_rank"]
+           "communicates", "compiled_report", "copy_graph", "count_step", "distributed",
+           "float8_parameters", "fsdp_params", "mark_overflow", "outgrown", "plans_of",
+           "plans_version", "spmd_call", "this_rank"]
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
@@ -90,6 +90,26 @@ def spmd_call(module: nn.Module | None) -> bool:
     there would wait for the process group's whole timeout: it plans from this rank's values."""
     return (distributed() and torch.is_grad_enabled()
             and (module is None or bool(module.training)))
+
+
+def communicates(gm: fx.GraphModule, example_inputs: Sequence[object] = ()) -> bool:
+    """Whether the graph holds a collective: a DTensor among its inputs or values (tensor
+    parallel: its ops redistribute shards), or a call of ``torch.distributed``. Every rank
+    runs such a graph at the same point, in evaluation too (its collectives would wait for
+    the others otherwise), so its plan is made from every rank's values: one collective's
+    input in one dtype on every rank."""
+    def dtensor(v: object) -> bool:
+        return type(v).__name__ == "DTensor" and "torch.distributed.tensor" in type(v).__module__
+
+    if any(dtensor(v) for v in example_inputs):
+        return True
+    for n in gm.graph.nodes:
+        if dtensor(n.meta.get("example_value", n.meta.get("val"))):
+            return True
+        module = getattr(n.target, "__module__", "") or ""
+        if n.op == "call_function" and module.startswith("torch.distributed"):
+            return True
+    return False
 
 
 def across_ranks(values: dict[str, object],

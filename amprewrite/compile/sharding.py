@@ -53,8 +53,9 @@ from ..precision.policy import Policy, Selector
 from ..precision.ranges import declared_fp32
 from .low_params import check_params
 
-__all__ = ["CommBytes", "Float8Gathered", "ParamShard", "ShardingPlan", "count_comm",
-           "dequantized", "float8_gathers", "fully_shard", "gathered_dtype", "sharding_plan"]
+__all__ = ["CommBytes", "Float8Gathered", "ParamShard", "ShardingPlan", "count_collectives",
+           "count_comm", "dequantized", "float8_gathers", "fully_shard", "gathered_dtype",
+           "sharding_plan"]
 
 # Wrappers whose attribute name is not part of the model's own module paths.
 _WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
@@ -718,3 +719,46 @@ def count_comm(model: nn.Module) -> Iterator[CommBytes]:
         for m in sharded:
             m.set_custom_all_gather(_byte_gather())
             m.set_custom_reduce_scatter(DefaultReduceScatter())
+
+
+# The functional collectives DTensor's redistributions call (torch.distributed.tensor's
+# placements call them through the module, so a wrapper there sees every one).
+_FUNCTIONAL = ("all_reduce", "all_gather_tensor", "reduce_scatter_tensor", "all_to_all_single",
+               "all_gather_tensor_autograd", "reduce_scatter_tensor_autograd",
+               "all_to_all_single_autograd")
+
+
+@contextmanager
+def count_collectives() -> Iterator[dict[tuple[str, torch.dtype], int]]:
+    """Count the bytes handed to each functional collective on this rank while the block runs
+    (what tensor parallel's DTensor redistributions send, forward and backward): by
+    (collective, dtype), the input tensor's bytes. The graphs must run their DTensor ops as
+    Python (the backend's ``inner="eager"``, or eager code): inductor's compiled collectives
+    call the ops directly.
+
+    >>> with count_collectives() as sent:
+    ...     pass
+    >>> sent
+    {}
+    """
+    import torch.distributed._functional_collectives as funcol
+
+    sent: dict[tuple[str, torch.dtype], int] = {}
+    saved = {name: getattr(funcol, name) for name in _FUNCTIONAL if hasattr(funcol, name)}
+
+    def counting(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            x = args[0] if args else kwargs.get("self")
+            if isinstance(x, torch.Tensor):
+                key = (name.removesuffix("_autograd"), x.dtype)
+                sent[key] = sent.get(key, 0) + x.numel() * x.element_size()
+            return fn(*args, **kwargs)
+        return call
+
+    for name, fn in saved.items():
+        setattr(funcol, name, counting(name, fn))
+    try:
+        yield sent
+    finally:
+        for name, fn in saved.items():
+            setattr(funcol, name, fn)

@@ -82,7 +82,8 @@ def families_markdown() -> str:
         names = [f"`{_spelled(fn)}`" for fn in f.functions]
         names += [f"`Tensor.{m}`" for m in f.methods]
         names += [f"`nn.{m.__name__}`" for m in f.modules]
-        names += [f"`torch.ops.{n.replace('::', '.')}`" for n in f.op_names]
+        names += [f"`torch.ops.{n.replace('::', '.')}`" if '::' in n else f"`{n}`"
+                  for n in f.op_names]
         return ", ".join(names)
 
     counts = coverage()

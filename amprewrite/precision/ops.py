@@ -204,6 +204,7 @@ class Family:
     inplace: Mapping[Callable, Callable] = field(default_factory=dict, compare=False)
     # Custom operators (``torch.ops.ns.name``) by qualified name, e.g. "transformers::foo".
     # ATen operators (``torch.ops.aten.add.Tensor``) need none: they map by their base name.
+    # Python functions of a module costly to import, by ``__module__.__qualname__``.
     op_names: tuple[str, ...] = ()
     # Its backward needs its float input, so autograd keeps it (a max pooling, a norm; a LOW
     # family, a matmul or a conv, always does): the memory plan's estimate (kept_for_backward).
@@ -605,6 +606,32 @@ def _avg_pool(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
     return None
 
 
+def _dtensor(node: fx.Node, low: torch.dtype) -> tuple[Precision, str] | None:
+    """The DTensor calls that sum across ranks, with the reason.
+
+    A ``redistribute`` from a ``Partial`` placement sums the ranks' partial sums (an
+    all-reduce, or a reduce-scatter): PROMOTE, sent in the dtype its partial sums have, as
+    autocast sends a row-parallel linear's; its ranges (fp16) keep a sum past the low range in
+    fp32. ``DTensor.from_local`` of a replicated tensor sums the ranks' gradients in backward,
+    in the dtype it runs in (NEUTRAL: the plan's cast of a column-parallel linear's input may
+    move before it). Moving shards (all-gather, shard, replicate) copies values: NEUTRAL."""
+    if node.op == "call_method" and node.target == "redistribute" and node.args:
+        source = node.args[0]
+        fake = (source.meta.get("example_value", source.meta.get("val"))
+                if isinstance(source, fx.Node) else None)
+        if any(p.is_partial() for p in getattr(fake, "placements", ())):
+            return Precision.PROMOTE, (
+                "redistribute from Partial: sums the ranks' partial sums (all-reduce or "
+                "reduce-scatter), sent in the dtype they are computed in, as autocast sends it")
+    elif node.op == "call_function" and getattr(node.target, "__name__", "") == "from_local":
+        placements = node.kwargs.get("placements", node.args[2] if len(node.args) > 2 else ())
+        if any(getattr(p, "is_replicate", lambda: False)() for p in placements or ()):
+            return Precision.NEUTRAL, (
+                "DTensor.from_local of a replicated tensor: a copy; its backward sums the "
+                "ranks' gradients (an all-reduce) in the dtype it runs in")
+    return None
+
+
 # --- lowerings (module form -> function) ------------------------------------------------------
 
 _CONV = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d}
@@ -972,6 +999,14 @@ _TABLE: list[Family] = [
         op_names=("aten::index",)),
     _op("getitem", N, [], functions=[operator.getitem], methods=["__getitem__"], numeric=False,
         out=Out.ITEM, probe=False),
+    # DTensor (tensor parallel): local <-> distributed views and moves of shards copy values,
+    # exact in any dtype; a redistribute that sums partial sums is refined to PROMOTE
+    # (_dtensor). DTensor.from_local by name: importing DTensor costs ~0.9 s.
+    _op("dtensor", N, [], methods=["to_local", "redistribute", "full_tensor"], probe=False,
+        classify=_dtensor,
+        op_names=("torch.distributed.tensor._api.DTensor.from_local",),
+        why="a DTensor's local tensor, or its shards moved between ranks: copies of values; "
+            "a sum of partial sums follows the precision of what it sums"),
     # Writes made explicit by the functionalize pass: copies of values, exact in any dtype.
     Family("setitem", N, (runtime.setitem, operator.setitem), ("__setitem__",), numeric=False,
            values=("value",),
@@ -1228,6 +1263,8 @@ def family_for_function(fn: object) -> Family | None:
         space, _, base = qualified.partition("::")
         if fam is None and space == "aten":
             fam = _aten_family(base)
+    if fam is None and callable(fn) and hasattr(fn, "__qualname__"):
+        fam = _BY_OP_NAME.get(f"{getattr(fn, '__module__', '')}.{fn.__qualname__}")
     return fam
 
 

@@ -115,6 +115,13 @@ EXTENDED: tuple[str, ...] = (
     # Default run: Qwen2's first new length warns once and its advice serves every length
     # (test_retransform_warning.py); GPT-2 (n_positions) repeats it.
     "tests/graph/test_retransform_warning.py::test_first_new_length_warns_once_with_the_dynamic_shapes_that_avoid_it[gpt2]",
+    # Default run: LLaMA's plan applied to a fresh instance (same code and report), the UNet's
+    # in fp16, an edited plan, a changed Stack, the backend per block. Extended: the UNet in
+    # bf16, LLaMA with a layer added, a plan from another process, dynamo -> export.
+    "tests/precision/test_plan_file.py::test_unet_round_trip[bf16]",
+    "tests/precision/test_plan_file.py::test_llama_with_a_layer_added",
+    "tests/precision/test_plan_file.py::test_a_plan_saved_in_another_process_applies_here",
+    "tests/precision/test_plan_file.py::test_a_dynamo_plan_applies_to_an_export_capture_where_nodes_correspond",
 )
 
 # test (file::function) -> its main parameter: one item of each of its values stays in the

@@ -451,3 +451,55 @@ def test_check_lists_only_nodes_that_compute_and_differ(capsys):
     rows = out.split(head, 1)[1].splitlines()[1:5]
     assert all(row.split()[2] in ("low", "fp32", "promote", "neutral", "cast") for row in rows)
     assert all(float(row.split()[1]) > 0 for row in rows)
+
+
+# --- plan show / plan diff ------------------------------------------------------------------
+def _saved_plans(tmp_path):
+    """Two plans of one model: as decided, and with one layer kept fp32."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8),
+                                torch.nn.Softmax(-1)).eval()
+    x = (torch.randn(2, 8),)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    amprewrite.save_plan(amprewrite.transform(model, "bf16", example_inputs=x, progress=False), a)
+    amprewrite.save_plan(amprewrite.transform(model, "bf16", example_inputs=x, keep_fp32=["2"],
+                                              progress=False), b)
+    return a, b
+
+
+def test_plan_diff_lists_the_changed_nodes_with_both_reasons_and_exits_1(capsys, tmp_path):
+    a, b = _saved_plans(tmp_path)
+    code, out, err = run_cli(capsys, "plan", "diff", a, b)
+    assert code == 1 and not err
+    lines = out.splitlines()
+    assert "policy: keep_fp32: [] -> ['2']" in lines
+    assert re.fullmatch(r"\d+ node\(s\) differ:", lines[1])
+    row = next(k for k, line in enumerate(lines) if line.startswith("  2:linear#0 ("))
+    assert lines[row].endswith("): class: low -> fp32; dtype: bfloat16 -> float32; "
+                               "stored: bfloat16 -> float32")
+    assert lines[row + 1] == "    a: op family 'linear'"
+    assert lines[row + 2] == "    b: keep_fp32='2'"
+    code, out, _ = run_cli(capsys, "plan", "diff", a, a)
+    assert code == 0 and out.startswith("the plans' decisions are the same (")
+
+
+def test_plan_show_prints_the_decisions(capsys, tmp_path):
+    a, _ = _saved_plans(tmp_path)
+    code, out, _ = run_cli(capsys, "plan", "show", a)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("amprewrite plan: Sequential, dtype=bfloat16, capture=dynamo")
+    assert lines[3].startswith("nodes: ") and "low" in lines[3]
+    row = next(line for line in lines if "  2:linear#0  " in line)
+    assert row.split()[1:4] == ["2:linear#0", "low", "bfloat16"]
+    assert row.endswith("op family 'linear'")
+
+
+def test_plan_commands_say_what_is_wrong_with_a_bad_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"amprewrite_plan": 1, "graphs": [')
+    code, out, err = run_cli(capsys, "plan", "show", bad)
+    assert code == 2 and not out
+    assert err.startswith("amprewrite: error: plan ") and "not valid JSON" in err
+    code, _, err = run_cli(capsys, "plan", "diff", tmp_path / "none.json", bad)
+    assert code == 2 and "cannot read it" in err

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -138,13 +139,15 @@ def _nodes(rep: Report) -> dict[str, dict]:
 
 
 def _versions() -> dict:
-    from .. import __version__
+    """amprewrite's, torch's and Python's versions, and those of the model libraries loaded."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    out = {"amprewrite": __version__, "torch": torch.__version__,
-           "python": platform.python_version()}
+    try:
+        own = version("amprewrite")
+    except PackageNotFoundError:
+        own = "unknown"
+    out = {"amprewrite": own, "torch": torch.__version__, "python": platform.python_version()}
     for name in ("transformers", "diffusers"):
-        import sys
-
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__version__", None):
             out[name] = module.__version__

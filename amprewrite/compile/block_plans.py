@@ -106,8 +106,11 @@ def communicates(gm: fx.GraphModule, example_inputs: Sequence[object] = ()) -> b
     for n in gm.graph.nodes:
         if dtensor(n.meta.get("example_value", n.meta.get("val"))):
             return True
+        if n.op != "call_function":
+            continue
         module = getattr(n.target, "__module__", "") or ""
-        if n.op == "call_function" and module.startswith("torch.distributed"):
+        space = getattr(n.target, "namespace", "")  # a torch.ops overload's
+        if module.startswith("torch.distributed") or space in ("_c10d_functional", "c10d"):
             return True
     return False
 

@@ -182,3 +182,17 @@ def test_tp_and_fsdp2_on_a_2x2_mesh_send_and_gather_low(mesh_ranks):
         assert gathered.get(torch.bfloat16, 0) > 10 * gathered.get(torch.float32, 0), (r, gathered)
         assert torch.isfinite(torch.tensor(run["loss"]))
     assert mesh_ranks[0]["sent"] == mesh_ranks[1]["sent"]
+
+
+def test_communicates_finds_collectives_and_nothing_else():
+    from torch import fx
+
+    from amprewrite.compile.block_plans import communicates
+
+    plain = fx.symbolic_trace(_Mlp())
+    assert not communicates(plain, [torch.randn(2, 16)])
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    reduced = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", "0"))
+    graph.output(graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,)))
+    assert communicates(fx.GraphModule(nn.Module(), graph))

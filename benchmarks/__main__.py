@@ -44,6 +44,10 @@
                                         # fp32, autocast, naive bf16, params="low" +
                                         # amprewrite.optimizer (options: python -m benchmarks
                                         # state --help)
+    python -m benchmarks plan_time      # transform time with a saved plan against deciding
+                                        # afresh: the zoo's LLaMA and UNet2DModel, fp16 and
+                                        # bf16, each transform in a process of its own
+                                        # (options: python -m benchmarks plan_time --help)
     python -m benchmarks modelopt       # fp16 ONNX side by side with NVIDIA ModelOpt AutoCast
                                         # (its own venv: python -m benchmarks.modelopt_autocast
                                         # --help)
@@ -157,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
         state.main(argv[1:])
         return 0
+    if argv[:1] == ["plan_time"]:  # its own options (--models, --dtypes, --rounds)
+        from .precision import plan_time
+
+        plan_time.main(argv[1:])
+        return 0
     if argv[:1] == ["deploy"]:  # its own options (--models, --dtypes, --to)
         deploy.main(argv[1:])
         return 0
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["all", "mutants", "memory", "deploy", "modelopt",
                                          "overflow", "fp8", "sharding", "state", "bytes",
-                                         "trainers", "tp"])
+                                         "trainers", "tp", "plan_time"])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default=None)
     args = parser.parse_args(argv)

@@ -137,13 +137,19 @@ def step_bytes() -> str:
                         "differs_most"])
 
 
+def plan_time() -> str:
+    from .precision.plan_time import markdown
+
+    return markdown(json.loads((RESULTS / "plan_time.json").read_text())["rows"])
+
+
 TABLES = {"transform_cost": transform_cost, "runtime": runtime, "upsample": upsample,
           "loops": loops, "capture": capture, "capture_llama": capture_llama,
           "generate": generate, "inference": inference,
           "inference_compiled": lambda: inference(tag="_compiled"), "report_page": report_page,
           "fp8": fp8, "training_state_bytes": training_state_bytes,
           "training_state_loss": training_state_loss, "training_state_step": training_state_step,
-          "bytes": step_bytes}
+          "bytes": step_bytes, "plan_time": plan_time}
 
 if __name__ == "__main__":
     print(TABLES[sys.argv[1] if len(sys.argv) > 1 else "transform_cost"]())

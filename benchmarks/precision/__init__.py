@@ -1,0 +1,1 @@
+"""Benchmarks of the precision plan: ``python -m benchmarks plan_time``."""

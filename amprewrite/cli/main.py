@@ -193,8 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(exp)
     exp.add_argument("--to", choices=("pt2", "aoti", "onnx"), default="pt2",
                      help="pt2: torch.export program (default); aoti: AOTInductor package; "
-                          "onnx: ONNX file (fp16; bf16 only with --no-check; needs pip install "
-                          "onnx onnxscript onnxruntime)")
+                          "onnx: ONNX file, fp16 unless --dtype says otherwise (onnxruntime's "
+                          "CPU provider has no bf16 Conv/Gemm/MatMul: bf16 only with --dtype "
+                          "bf16 --no-check; needs pip install onnx onnxscript onnxruntime)")
     exp.add_argument("--out", metavar="PATH",
                      help="the file to write (default: FACTORY.pt2, FACTORY.aoti.pt2 or "
                           "FACTORY.onnx in the current directory)")
@@ -211,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--no-check", action="store_true",
                      help="write the file without loading it back and running it (needed for "
                           "a bf16 ONNX file: onnxruntime has no bf16 Conv/MatMul on the CPU)")
-    exp.set_defaults(run=run_export)
+    # no --dtype: bf16, and fp16 for --to onnx (deploy.export.default_dtype)
+    exp.set_defaults(run=run_export, dtype=None)
     fams = command("families", "print the op-family table (Markdown)",
                           description="Print the op-family table as Markdown: each family, "
                                       "its precision class and every spelling it matches "

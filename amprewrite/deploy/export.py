@@ -37,8 +37,9 @@ from ..precision.report import text_table
 from ..progress import quiet_loggers, status
 from .portable import foreign_types, loads_alone, plain, portable_module
 
-__all__ = ["FORMATS", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow", "DeployError",
-           "DeployResult", "export", "preflight", "sequence_limit"]
+__all__ = ["FORMATS", "ONNX_DTYPE_NOTE", "ONNX_INSTALL", "SAME_AS_GRAPH", "CheckRow",
+           "DeployError", "DeployResult", "default_dtype", "export", "preflight",
+           "sequence_limit"]
 
 FORMATS = ("pt2", "aoti", "onnx")
 """What :func:`export` writes: a ``torch.export`` program, an AOTInductor package, ONNX."""
@@ -145,6 +146,22 @@ class DeployResult:
         return "\n".join(lines)
 
 
+def default_dtype(to: str) -> torch.dtype:
+    """The dtype :func:`export` writes ``to`` in when it is given none: float16 for ONNX (a
+    bf16 file onnxruntime's CPU provider refuses), bfloat16 otherwise.
+
+    >>> default_dtype("onnx"), default_dtype("pt2")
+    (torch.float16, torch.bfloat16)
+    """
+    return torch.float16 if to == "onnx" else torch.bfloat16
+
+
+ONNX_DTYPE_NOTE = (
+    "float16, the default for ONNX: onnxruntime's CPU provider has no bfloat16 Conv, Gemm or "
+    "MatMul, so a bf16 file could be neither checked nor run there; dtype=torch.bfloat16 "
+    "(or 'bf16') with check=False writes one for a runtime that has those kernels")
+
+
 def preflight(to: str, dtype: torch.dtype | str, check: bool = True,
               path: str | os.PathLike | None = None) -> torch.dtype:
     """Refuse, before any work, what :func:`export` cannot do; return the dtype.
@@ -169,9 +186,10 @@ def preflight(to: str, dtype: torch.dtype | str, check: bool = True,
                 "... of operator (Conv) ... is invalid\", \"Could not find an implementation "
                 "for Gemm(13)\", the same for MatMul(13)), so the file could be neither "
                 "checked here nor run on a CPU. "
-                "Export in float16 instead: pass dtype=torch.float16 (or 'fp16'), which "
-                "onnxruntime runs on the CPU; or pass check=False to write the bf16 file "
-                "unchecked, for a runtime that has bfloat16 kernels.")
+                "Export in float16 instead, the default for ONNX: pass dtype=torch.float16 "
+                "(or 'fp16'), or leave the dtype out, and onnxruntime runs it on the CPU; or "
+                "pass check=False to write the bf16 file unchecked, for a runtime that has "
+                "bfloat16 kernels.")
         _require_onnx(check)
     return dtype
 
@@ -198,7 +216,7 @@ def _importable(name: str) -> bool:
 
 
 def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
-           to: str = "pt2", dtype: torch.dtype | str = torch.bfloat16,
+           to: str = "pt2", dtype: torch.dtype | str | None = None,
            dynamic_batch: bool = True, dynamic_seq: bool = False, check: bool = True,
            other_batches: int = 1, **options: object) -> DeployResult:
     """Transform ``model``, write it to ``path`` as ``to`` and check the file.
@@ -215,7 +233,10 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
             embedding tables float16, cast to float32 after the lookup; needs ``pip install
             onnx onnxscript onnxruntime``; float16 unless ``check=False``, see
             :func:`preflight`).
-        dtype: ``"bf16"`` or ``"fp16"``, as for :func:`amprewrite.transform`.
+        dtype: ``"bf16"`` or ``"fp16"``, as for :func:`amprewrite.transform`; by default
+            ``"bf16"``, and ``"fp16"`` for ``to="onnx"`` (onnxruntime's CPU provider has no
+            bfloat16 Conv, Gemm or MatMul, so a bf16 file could be neither checked nor run
+            there; a note in the result says so).
         dynamic_batch: dimension 0 of every input dynamic where the model allows it
             (``transform(dynamic_shapes="batch")`` and ``Dim.AUTO`` at export); ``False``
             fixes every size to the example's.
@@ -261,7 +282,8 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         >>> y.dtype, result.batch_range  # from 1: the check ran batch 1 too
         (torch.float32, (1, inf))
     """
-    dtype = preflight(to, dtype, check, path)
+    chose = ONNX_DTYPE_NOTE if dtype is None and to == "onnx" else None
+    dtype = preflight(to, default_dtype(to) if dtype is None else dtype, check, path)
     if to == "onnx" and options.get("fp8") not in (None, False):
         raise PolicyError(
             "fp8 graphs do not go to ONNX: their float8 GEMMs are aten._scaled_mm, which "
@@ -314,8 +336,17 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     result = DeployResult(to, dtype, files, gm, _dim_range(ep, 0),
                           seq_range=_dim_range(ep, SEQ) if dynamic_seq else None,
                           timings=timings)
+    if chose is not None:
+        result.notes.append(chose)
     if result.seq_range is not None and seq_max is not None:
         result.notes.append(f"sequence lengths up to {seq_max}: the model's {seq_why}")
+    guard = getattr(gm, "_amp_inputs", None)
+    line = guard.bounded_by(0) if guard is not None else None
+    if result.batch_range is not None and math.isfinite(result.batch_range[1]) and line:
+        # diffusers' Upsample2D: `if hidden_states.shape[0] >= 64:` bounds its batch at 63
+        result.notes.append(
+            f"batch sizes up to {int(result.batch_range[1])}: the model's code branches on the "
+            f"batch, {line}, and the program keeps the branch it was captured on")
     if dynamic_seq and result.seq_range is None:
         result.notes.append(
             "dynamic_seq: no input's dimension 1 became dynamic (the model fixes it, or no "

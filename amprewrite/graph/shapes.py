@@ -216,6 +216,8 @@ class _Input:
     name: str
     sizes: tuple[int | None, ...] | None  # None = dynamic; the whole tuple None: not a tensor
     ranges: tuple[tuple[int, float], ...]
+    # per dimension: the model's source line whose guard bounds a dynamic size, or None
+    bounded_by: tuple[str | None, ...] = ()
 
 
 class InputGuard:
@@ -309,12 +311,29 @@ class InputGuard:
                 for inp in self.inputs if inp.sizes is not None
                 for d, (want, (lo, hi)) in enumerate(zip(inp.sizes, inp.ranges)) if want is None]
 
+    def bounded_by(self, dim: int) -> str | None:
+        """Where the model's code bounds dimension ``dim`` of a dynamic input (its source
+        line, as the report shows it), or None."""
+        return next((inp.bounded_by[dim] for inp in self.inputs
+                     if len(inp.bounded_by) > dim and inp.bounded_by[dim] is not None), None)
+
     def describe(self) -> str:
-        """The dynamic dimensions, in words (for the report)."""
+        """The dynamic dimensions, in words (for the report), with where the model's own code
+        bounds one (diffusers' ``Upsample2D`` branches on ``batch >= 64``, so the batch of
+        its UNets and VAEs stops at 63)."""
         dims = self.dynamic_dims()
         if not dims:
             return "every input size is static"
-        return "dynamic sizes: " + ", ".join(dims) + "; every other input size is static"
+        why: dict[tuple[str, float], list[str]] = {}  # (source line, bound) -> dimensions
+        for inp in self.inputs:
+            for d, line in enumerate(inp.bounded_by):
+                if line is not None:
+                    why.setdefault((line, inp.ranges[d][1]), []).append(f"{inp.name}[{d}]")
+        said = "".join(
+            f"; {', '.join(names)} {'stops' if len(names) == 1 else 'stop'} at {_bound(hi)} "
+            f"because the model's code branches on it, {line}: a larger size takes the other "
+            "branch, on a graph transformed again for it" for (line, hi), names in why.items())
+        return "dynamic sizes: " + ", ".join(dims) + said + "; every other input size is static"
 
     def explain(self, flat: Sequence[object]) -> str:
         """Which input differs from what the graph was captured for, in words."""
@@ -377,14 +396,16 @@ def _same(a: object, b: object) -> bool:
     return type(a) is type(b) and isinstance(a, (int, float, bool, str)) and a == b
 
 
-def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, float], ...]]:
-    sizes, ranges = [], []
+def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, float], ...],
+                                       tuple[str | None, ...]]:
+    sizes, ranges, bounded_by = [], [], []
     for s in fake.shape:
         if not isinstance(s, int) and s.node.expr.is_number:
             s = int(s.node.expr)  # made dynamic, then fixed by the model (a loop over it)
         if isinstance(s, int):
             sizes.append(s)
             ranges.append((s, s))
+            bounded_by.append(None)
             continue
         sizes.append(None)
         node = s.node
@@ -394,7 +415,20 @@ def _dims(fake: torch.Tensor) -> tuple[tuple[int | None, ...], tuple[tuple[int, 
         lo = int(vr.lower) if vr is not None else 0
         hi = float(vr.upper) if vr is not None and vr.upper.is_finite else float("inf")
         ranges.append((lo, hi))
-    return tuple(sizes), tuple(ranges)
+        bounded_by.append(_guarded_at(env, expr) if hi != float("inf") else None)
+    return tuple(sizes), tuple(ranges), tuple(bounded_by)
+
+
+def _guarded_at(env: object, symbol: object) -> str | None:
+    """The model's source line where dynamo guarded on ``symbol`` alone (a branch on a size,
+    ``if hidden_states.shape[0] >= 64:``), as `` `code` (file:line in function)``; None where
+    no guard says (a range the caller gave, or a torch without guard locations)."""
+    for guard in getattr(env, "guards", ()):
+        loc = getattr(getattr(guard, "sloc", None), "maybe_user_loc", None)
+        if loc and getattr(guard.expr, "free_symbols", None) == {symbol}:
+            code, _, where = loc.partition("  # ")
+            return f"`{code.strip()}` ({where.strip()})" if where else f"`{code.strip()}`"
+    return None
 
 
 def _bound(hi: float) -> str:

@@ -91,3 +91,27 @@ def test_default_config_causal_and_seq2seq_models_generate_as_autocast(name):
     got = fast.generate(ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
                         do_sample=False)
     assert torch.equal(got, want)
+
+
+def test_greedy_tokens_on_qwen2_equal_fp32s_where_autocasts_differ():
+    """The guide's claim names its models: greedy tokens are not promised to equal autocast's.
+    On a 2-layer Qwen2 (batch 2, 12-token prompt, 16 new tokens, bf16) amprewrite's equal
+    fp32's, and autocast's differ from both on one row (issue 65; docs/guide.md,
+    "Generation")."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    settings = {"max_new_tokens": 16, "min_new_tokens": 16, "do_sample": False}
+    fp32 = model.generate(ids, **settings)
+    with torch.autocast("cpu", torch.bfloat16):
+        autocast = model.generate(ids, **settings)
+    got = amprewrite.for_generation(model, torch.bfloat16).generate(ids, **settings)
+    assert torch.equal(got, fp32)
+    differ = [row for row in range(2) if not torch.equal(autocast[row], fp32[row])]
+    assert differ == [0]
+    first = int((autocast[0] != fp32[0]).nonzero()[0]) - ids.shape[1]
+    assert first == 3  # the fourth new token

@@ -241,7 +241,7 @@ def test_an_fp16_onnx_file_stores_float16_weights_and_no_redundant_cast(tmp_path
 
 def test_bf16_onnx_is_refused_up_front_with_the_reason_and_the_way_out(models, tmp_path):
     out = tmp_path / "net.onnx"
-    done = run("export", f"{models}:net", "--to", "onnx", "--out", out)  # bf16 is the default
+    done = run("export", f"{models}:net", "--to", "onnx", "--dtype", "bf16", "--out", out)
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = errors_of(done.stderr)
     assert "onnxruntime's CPU provider has no bfloat16 kernels for Conv, Gemm or MatMul" in line
@@ -249,11 +249,30 @@ def test_bf16_onnx_is_refused_up_front_with_the_reason_and_the_way_out(models, t
     assert "[1/2]" not in done.stderr and not out.exists()  # refused before loading the model
 
 
+def test_onnx_without_a_dtype_is_float16_and_says_why(models, tmp_path):
+    """``--to onnx`` alone failed (bf16, the other formats' default, which onnxruntime's CPU
+    provider cannot run; issue 65): with no ``--dtype`` ONNX is written in float16, checked,
+    and a note says why and how to get bf16."""
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+    out = tmp_path / "net.onnx"
+    done = run("export", f"{models}:net", "--to", "onnx", "--out", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "(ONNX file, float16," in done.stdout
+    assert ("note: float16, the default for ONNX: onnxruntime's CPU provider has no bfloat16 "
+            "Conv, Gemm or MatMul") in done.stdout
+    assert "--dtype bf16 with --no-check writes one" in done.stdout
+    assert "check passed" in done.stdout and out.exists()
+    helped = run("export", "--help")
+    assert "fp16 unless --dtype says otherwise" in " ".join(helped.stdout.split())
+
+
 def test_bf16_onnx_with_no_check_writes_a_bf16_file(models, tmp_path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
     out = tmp_path / "net.onnx"
-    done = run("export", f"{models}:net", "--to", "onnx", "--no-check", "--out", out)
+    done = run("export", f"{models}:net", "--to", "onnx", "--dtype", "bf16", "--no-check",
+               "--out", out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "not checked: the file was not loaded back or run (--no-check)" in done.stdout
     casts = [a.i for n in onnx.load(out).graph.node if n.op_type == "Cast"

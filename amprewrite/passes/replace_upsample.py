@@ -42,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ..errors import PolicyError
 from ..graph import meta as M
 from ..graph.meta import ValueInfo, info
 from ..graph.runtime import memory_format_of, nearest_scale, output_sizes, repeat_factor

@@ -32,8 +32,10 @@ from ..capture.verify import VERIFY_ROUNDOFFS, rel_err, verify_bound
 from ..errors import AmpRewriteError, PolicyError
 from ..graph.shapes import BATCH, SEQ, capture_spec, sequence_limit, split_inputs
 from ..precision.float8 import check_factor
+from ..precision.plan_file import save_plan
 from ..precision.policy import parse_dtype
 from ..precision.report import text_table
+from ..precision.saved_plan import PLAN_FILE
 from ..progress import quiet_loggers, status
 from .portable import foreign_types, loads_alone, plain, portable_module
 
@@ -331,7 +333,9 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with _quiet():
-        files = _WRITERS[to](ep, args, kwargs, path)
+        # a .pt2 carries the plan next to the weights (docs/guide.md, "Plans")
+        files = _WRITERS[to](ep, args, kwargs, path,
+                             **({"plan": save_plan(gm)} if to == "pt2" else {}))
     timings["write"] = time.perf_counter() - start
     result = DeployResult(to, dtype, files, gm, _dim_range(ep, 0),
                           seq_range=_dim_range(ep, SEQ) if dynamic_seq else None,
@@ -379,8 +383,12 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
 
 # --- writing ------------------------------------------------------------------------------
 
-def _write_pt2(ep, args: tuple, kwargs: dict, path: Path) -> list[Path]:
-    torch.export.save(ep, path)
+def _write_pt2(ep, args: tuple, kwargs: dict, path: Path, plan: str | None = None
+               ) -> list[Path]:
+    """The program, with the plan's text as the extra file ``PLAN_FILE``: read it back with
+    ``torch.export.load(path, extra_files={PLAN_FILE: ""})`` and apply it with
+    ``transform(..., plan=...)``."""
+    torch.export.save(ep, path, extra_files={PLAN_FILE: plan} if plan else None)
     return [path]
 
 

@@ -38,11 +38,15 @@ from ..graph import meta as M
 from ..graph.modules import submodule
 from .ops import family_of, op_qualname
 
-__all__ = ["PLAN_FORMAT", "PlanMatch", "SavedPlan", "dumps", "key_parts", "load_plan",
+__all__ = ["PLAN_FILE", "PLAN_FORMAT", "PlanMatch", "SavedPlan", "dumps", "key_parts", "load_plan",
            "node_keys", "saved_range", "selector_name", "short_dtype"]
 
 PLAN_FORMAT = 1
 """The version of the file format, in every file's ``"amprewrite_plan"`` field."""
+
+PLAN_FILE = "amprewrite_plan.json"
+"""The name a plan goes by beside the weights: the extra file of a ``.pt2`` that
+``amprewrite export`` writes (``torch.export.load(path, extra_files={PLAN_FILE: ""})``)."""
 
 # The passes that run between record_ranges and paint_precision (amprewrite/passes/__init__.py):
 # the nodes they make have keys of their own.

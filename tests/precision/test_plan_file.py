@@ -402,3 +402,20 @@ def test_show_prints_the_plan_as_the_report_prints_decisions(llama_fp16):
         if d.precision == "low":
             row = next(line for line in lines if f"  {d.key}  " in line)
             assert row.startswith(d.node) and " low " in row and d.reason in row
+
+
+def test_the_deploy_export_pt2_carries_its_plan(tmp_path, loaded_here_only):
+    from amprewrite.deploy.export import export
+    from amprewrite.precision.saved_plan import PLAN_FILE
+
+    model, inputs, calibration = _hot()
+    result = export(model, inputs, path=tmp_path / "hot.pt2", to="pt2", dtype="fp16",
+                    calibration=calibration, check=False)
+    extra = {PLAN_FILE: ""}
+    torch.export.load(tmp_path / "hot.pt2", extra_files=extra)
+    assert amprewrite.load_plan(extra[PLAN_FILE]).data == json.loads(
+        amprewrite.save_plan(result.gm))
+    again = amprewrite.transform(model, "fp16", example_inputs=inputs, plan=extra[PLAN_FILE],
+                                 progress=False)
+    assert _decisions(again) == _decisions(result.gm)
+    assert _decisions(again)["up:linear#0"][0] == "fp32"  # the calibration's range, kept

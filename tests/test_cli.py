@@ -503,3 +503,23 @@ def test_plan_commands_say_what_is_wrong_with_a_bad_file(capsys, tmp_path):
     assert err.startswith("amprewrite: error: plan ") and "not valid JSON" in err
     code, _, err = run_cli(capsys, "plan", "diff", tmp_path / "none.json", bad)
     assert code == 2 and "cannot read it" in err
+
+
+def test_export_applies_a_saved_plan_and_ships_it_in_the_pt2(capsys, tmp_path,
+                                                             loaded_here_only):
+    model, inputs = cli_models.mlp(), (torch.randn(4, 16),)
+    data = json.loads(amprewrite.save_plan(amprewrite.transform(model, "bf16",
+                                                                example_inputs=inputs,
+                                                                progress=False)))
+    data["graphs"][0]["plans"][0]["nodes"]["3:linear#0"]["class"] = "fp32"  # by hand
+    plan, out = tmp_path / "plan.json", tmp_path / "mlp.pt2"
+    plan.write_text(json.dumps(data))
+    code, _, err = run_cli(capsys, "export", f"{MODELS}:mlp", "--inputs", "4x16", "--plan", plan,
+                           "--out", out, "--no-check")
+    assert code == 0, err
+    extra = {"amprewrite_plan.json": ""}
+    torch.export.load(out, extra_files=extra)
+    shipped = json.loads(extra["amprewrite_plan.json"])["graphs"][0]["plans"][0]["nodes"]
+    assert shipped["3:linear#0"]["class"] == "fp32"
+    assert "edited by hand" in shipped["3:linear#0"]["reason"]
+    assert shipped["0:linear#0"]["class"] == "low"

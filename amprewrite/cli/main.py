@@ -97,6 +97,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fp8-any-size", action="store_true",
                    help="with --fp8: turn the cost model off, so that small layers are "
                         "checked and may run in float8 too (to try it on a CPU)")
+    p.add_argument("--plan", metavar="FILE",
+                   help="apply a saved plan (amprewrite.save_plan's JSON) instead of deciding "
+                        "again; nodes it does not know are decided afresh and named")
 
 
 def _take_target(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

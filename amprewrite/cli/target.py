@@ -303,8 +303,8 @@ def out_folder(out: str, flag: str = "--out") -> Path:
 
 
 def selector_flags(args: argparse.Namespace) -> dict:
-    """transform's keep_fp32 / allow_low / calibration / overflow / fp8 keywords from the
-    common flags."""
+    """transform's keep_fp32 / allow_low / calibration / overflow / fp8 / plan keywords from
+    the common flags."""
     out: dict = {"keep_fp32": tuple(getattr(args, "keep_fp32", ()) or ()),
                  "allow_low": tuple(getattr(args, "allow_low", ()) or ()),
                  "overflow": getattr(args, "overflow", "auto")}
@@ -313,6 +313,8 @@ def selector_flags(args: argparse.Namespace) -> dict:
         from .target import load_batches
 
         out["calibration"] = load_batches(spec)
+    if getattr(args, "plan", None):
+        out["plan"] = args.plan
     recipe = getattr(args, "fp8", None)
     if recipe is not None or getattr(args, "fp8_any_size", False):
         out["fp8"] = {"recipe": recipe or "tensorwise",

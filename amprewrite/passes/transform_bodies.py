@@ -79,7 +79,10 @@ class TransformBodies(Pass):
             prefix = str(body_ref.target)
             prior = {k[len(prefix) + 1:]: v for k, v in (self.fp8_prior or {}).items()
                      if k.startswith(prefix + ".")}
-            new_body = self.run_inner(body, inner, inputs.get(prefix), prior, self.reduce)
+            # a saved plan's entries for this body (saved as <body>/<key>, decisions_of)
+            scoped = inner if inner.plan is None else dataclasses.replace(
+                inner, plan=inner.plan.scoped(prefix))
+            new_body = self.run_inner(body, scoped, inputs.get(prefix), prior, self.reduce)
             found = new_body.meta.get(M.FP8_ERRORS_KEY)
             # by qualified name, in the outer graph's errors (amprewrite.compile.block_plans)
             if found:

@@ -269,6 +269,18 @@ class SavedPlan:
     def entry_count(self) -> int:
         return sum(len(p["nodes"]) for g in self.graphs for p in g["plans"])
 
+    def scoped(self, prefix: str) -> SavedPlan | None:
+        """The plan of the region body ``prefix`` (an activation checkpoint's, transformed as a
+        graph of its own): its entries, saved as ``<prefix>/<key>``, by their own keys; None
+        when the plan has none."""
+        start = prefix + "/"
+        graphs = [{**g, "plans": [{**p, "nodes": {k[len(start):]: v for k, v in p["nodes"].items()
+                                                  if k.startswith(start)}} for p in g["plans"]]}
+                  for g in self.graphs]
+        if not any(p["nodes"] for g in graphs for p in g["plans"]):
+            return None
+        return SavedPlan({**self.data, "graphs": graphs}, f"{self.source} ({prefix})")
+
     def text(self) -> str:
         """The plan as the JSON :func:`amprewrite.save_plan` writes."""
         return dumps(self.data)
@@ -295,8 +307,9 @@ class SavedPlan:
         nodes = self.graphs[best]["plans"][0]["nodes"]
         entries = {n: nodes[k] for n, k in keys.items() if k in nodes}
         present = set(keys.values())
+        # (a region body's entries, <body>/<key>, are matched by the body's own transform)
         missing = [k for k in nodes if k not in present and not k.startswith(_VALUE_KEYS)
-                   and "->" not in k]
+                   and "->" not in k and "/" not in k]
         new = [n for n in wanted if n not in entries]
         return PlanMatch(entries, new, missing, best)
 

@@ -419,3 +419,41 @@ def test_the_deploy_export_pt2_carries_its_plan(tmp_path, loaded_here_only):
                                  progress=False)
     assert _decisions(again) == _decisions(result.gm)
     assert _decisions(again)["up:linear#0"][0] == "fp32"  # the calibration's range, kept
+
+
+class Checkpointed(nn.Module):
+    """Two blocks under activation checkpointing: each a region whose body dynamo captures as
+    a subgraph, transformed as a graph of its own (transform_bodies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8))
+            for _ in range(2))
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.blocks:
+            x = x + checkpoint(block, x, use_reentrant=False)
+        return x.softmax(-1)
+
+
+def test_checkpointed_region_bodies_take_their_entries_of_the_plan():
+    torch.manual_seed(0)
+    model = Checkpointed().train()
+    x = (torch.randn(4, 8),)
+    gm = amprewrite.transform(model, "bf16", example_inputs=x, progress=False)
+    data = json.loads(amprewrite.save_plan(gm))
+    nodes = data["graphs"][0]["plans"][0]["nodes"]
+    key = "wrap_body_1/blocks.1.3:linear#0"  # a body's entries: <body>/<key>
+    assert nodes[key]["class"] == "low"
+    again = amprewrite.transform(model, "bf16", example_inputs=x, plan=data, strict=True,
+                                 progress=False)
+    assert again.code == gm.code
+    assert amprewrite.report(again).decisions == amprewrite.report(gm).decisions
+    nodes[key]["class"] = "fp32"
+    edited = amprewrite.transform(model, "bf16", example_inputs=x, plan=data, strict=True,
+                                  progress=False)
+    got = {d.key: d.precision for d in amprewrite.report(edited).decisions}
+    assert got[key] == "fp32" and got["wrap_body_0/blocks.0.3:linear#0"] == "low"

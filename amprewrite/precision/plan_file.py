@@ -154,6 +154,15 @@ def _versions() -> dict:
     return out
 
 
+def _device(device: str | None) -> str:
+    """The device kernels were probed on (``transform(device=...)``, else the CPU), with the
+    GPU's name where it is one."""
+    device = device or "cpu"
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
+
+
 def plan_data(obj: object) -> dict:
     """The plan of ``obj`` as the dict its file holds: a GraphModule or ExportedProgram from
     :func:`amprewrite.transform`, or a module compiled with ``backend="amprewrite"`` (or a
@@ -186,7 +195,7 @@ def plan_data(obj: object) -> dict:
         "model": name if name and not isinstance(rep, CompiledReport) else type(model).__name__,
         "dtype": first.dtype,
         "capture": first.capture,
-        "made_with": {**_versions(), "device": policy.get("device") or "cpu"},
+        "made_with": {**_versions(), "device": _device(policy.get("device"))},
         "policy": policy,
         "graphs": graphs,
     }

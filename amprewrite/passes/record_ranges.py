@@ -5,7 +5,9 @@ calibration batches, ``transform(calibration=...)``), the graph, still the fp32 
 computation, runs once per batch and every float tensor's range is recorded
 (:func:`record_ranges`: buffers restored, one random state). paint_precision
 reads them (DESIGN.md, "Values are facts too"). Without inputs, activation ranges are unknown:
-the report says so.
+the report says so. With a saved plan (``transform(plan=...)``) the ranges it recorded are
+taken instead, the parameters' too, and the graph runs only where the plan does not know some
+of its values (a changed model).
 """
 
 from __future__ import annotations
@@ -175,9 +177,11 @@ class RecordRanges(Pass):
             return []
         return [self.example_inputs, *(self.policy.calibration if self.policy else ())]
 
-    def _saved(self, gm: fx.GraphModule) -> tuple[dict[fx.Node, ValueRange], bool] | None:
-        """With a saved plan: the ranges it recorded, by node, and whether it knows every
-        value the graph computes (then no input needs to run); None without one."""
+    def _saved(self, gm: fx.GraphModule
+               ) -> tuple[dict[fx.Node, ValueRange], bool, dict[fx.Node, ValueRange]] | None:
+        """With a saved plan: the ranges it recorded of the values, by node, whether it knows
+        every value the graph computes (then no input needs to run), and the ranges of the
+        parameters it recorded; None without one."""
         plan = self.policy.plan if self.policy is not None else None
         if plan is None:
             return None
@@ -186,15 +190,20 @@ class RecordRanges(Pass):
                   if n.op in ("call_function", "call_method", "call_module")
                   and M.info(n).has_float()]
         found = plan.match(keys, values)
-        ranges = {n: r for n, e in found.entries.items()
-                  if n.op != "get_attr" and (r := saved_range(e)) is not None}
-        return ranges, not found.new
+        ranges = {n: r for n, e in found.entries.items() if (r := saved_range(e)) is not None}
+        params = {n: r for n, r in ranges.items() if n.op == "get_attr"}
+        return {n: r for n, r in ranges.items() if n not in params}, not found.new, params
 
     def run(self, gm: fx.GraphModule) -> bool:
         low = self.policy.dtype if self.policy is not None else torch.bfloat16
+        saved = self._saved(gm)
+        known = saved[2] if saved is not None else {}
         seen: dict[int, object] = {}  # a tensor read by several get_attr nodes: measured once
         for node in gm.graph.nodes:
             if node.op != "get_attr":
+                continue
+            if node in known:  # a saved plan's range of the parameter: not read again
+                node.meta[M.RANGE] = known[node]
                 continue
             value = get_attr(gm, str(node.target), None)
             if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta:
@@ -202,9 +211,8 @@ class RecordRanges(Pass):
                     seen[id(value)] = tensor_range(value, low)
                 node.meta[M.RANGE] = seen[id(value)]
         batches = self._batches()
-        saved = self._saved(gm)
         if saved is not None:
-            ranges, complete = saved
+            ranges, complete, _ = saved
             if complete or not batches:  # the plan knows every value: nothing to run
                 for node, r in ranges.items():
                     node.meta[M.RANGE] = r

@@ -44,6 +44,9 @@
                                         # fp32, autocast, naive bf16, params="low" +
                                         # amprewrite.optimizer (options: python -m benchmarks
                                         # state --help)
+    python -m benchmarks trainers       # the trainer switches on a CPU as the guide writes
+                                        # them: Trainer, accelerate, Lightning, against fp32
+                                        # (options: python -m benchmarks trainers --help)
     python -m benchmarks plan_time      # transform time with a saved plan against deciding
                                         # afresh: the zoo's LLaMA and UNet2DModel, fp16 and
                                         # bf16, each transform in a process of its own
@@ -151,15 +154,20 @@ def main(argv: list[str] | None = None) -> int:
 
         step_bytes.main(argv[1:])
         return 0
-    if argv[:1] == ["state"]:  # its own options (--parts, --steps, --lr, --out)
-        from .training import state
-
     if argv[:1] == ["tp"]:  # its own options (--dtypes, --out)
         from .compile import tp_collectives
 
         tp_collectives.main(argv[1:])
         return 0
+    if argv[:1] == ["state"]:  # its own options (--parts, --steps, --lr, --out)
+        from .training import state
+
         state.main(argv[1:])
+        return 0
+    if argv[:1] == ["trainers"]:  # its own options (--steps, --paths, --variants, --inductor)
+        from .training import trainers_cpu
+
+        trainers_cpu.main(argv[1:])
         return 0
     if argv[:1] == ["plan_time"]:  # its own options (--models, --dtypes, --rounds)
         from .precision import plan_time

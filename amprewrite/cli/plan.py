@@ -15,7 +15,8 @@ __all__ = ["add_plan_command", "run_plan"]
 
 def add_plan_command(plan: argparse.ArgumentParser) -> None:
     """The ``plan`` command's actions, on its parser."""
-    actions = plan.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = plan.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                  help="show: print a plan; diff: compare two")
     show = actions.add_parser("show", help="print a plan file as the report prints decisions",
                               description="Print a plan file (amprewrite.save_plan) as the "
                                           "report prints decisions.")

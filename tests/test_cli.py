@@ -45,8 +45,9 @@ def test_dump_writes_every_artefact(tmp_path):
     done = run("dump", f"{MODELS}:demo", "--out", str(out), "--per-pass", "--upsample", "always")
     assert done.returncode == 0, done.stderr
     for name in ("before.py", "after.py", "before.txt", "after.txt", "diff.patch", "report.txt",
-                 "before.dot", "after.dot", "index.html"):
+                 "plan.json", "before.dot", "after.dot", "index.html"):
         assert (out / name).stat().st_size > 0, name
+    assert amprewrite.load_plan(out / "plan.json").model == "DemoNet"
     # The page's data: both graphs, the batch_norm kept in fp32, the expand from the rewrite.
     page = (out / "index.html").read_text()
     data = json.loads(re.search(r'<script type="application/json" id="amp-data">(.*?)</script>',

@@ -50,6 +50,7 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
 
     from ..api import transform_with
     from ..capture.trace import capture, keep_captured
+    from ..precision.plan_file import save_plan
     from ..precision.report import report
     from ..show.html import report_page
     from ..show.numerics import check_numerics
@@ -110,6 +111,7 @@ def write_artefacts(model, inputs, policy, out: Path, formats: set[str] | None,
                 before.code.splitlines(True), after.code.splitlines(True), "before.py",
                 "after.py")))
             write("report.txt", str(rep))
+            write("plan.json", save_plan(after))  # `amprewrite plan show/diff`, --plan
         if "html" in formats:
             write("index.html", report_page(before, after, rewritten, result,
                                             report_text=str(rep),

@@ -46,13 +46,36 @@ def _step(fn, task: str):
     return run
 
 
-def variants(name: str, task: str, dtype: torch.dtype) -> dict:
+def without_attention_dropout(model):
+    """The same transformers model (same weights) with its attention dropout at 0: on a CPU
+    inductor decomposes an SDPA with dropout into its math (bmm, softmax, dropout, bmm), and
+    under autocast that math runs its bmm in the low dtype where the plain graph's runs them
+    in fp32, as eager SDPA does on a CPU: a CPU kernel choice, not a plan decision (a GPU runs
+    dropout inside its flash kernel). Models without a transformers config are returned as
+    they are."""
+    config = getattr(model, "config", None)
+    keys = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")
+    if config is None or not any(hasattr(config, k) for k in keys):
+        return model
+    config = copy.deepcopy(config)
+    for key in keys:
+        if hasattr(config, key):
+            setattr(config, key, 0.0)
+    fresh = type(model)(config)
+    fresh.load_state_dict(model.state_dict())
+    return fresh.train(model.training)
+
+
+def variants(name: str, task: str, dtype: torch.dtype, attention_dropout: bool = True) -> dict:
     """Per variant, a setup that returns the step to count: what precedes the step (a copy of
-    the model, amprewrite.transform) is not counted."""
+    the model, amprewrite.transform) is not counted. ``attention_dropout=False``:
+    :func:`without_attention_dropout`."""
     import amprewrite
     from amprewrite.testing import zoo
 
     model, inputs = getattr(zoo, name)()
+    if not attention_dropout:
+        model = without_attention_dropout(model)
     model = model.train() if task == "train" else model.eval()
 
     def compiled(**kw):
@@ -86,13 +109,13 @@ def variants(name: str, task: str, dtype: torch.dtype) -> dict:
     }
 
 
-def run(models, tasks, dtypes, chosen) -> list[dict]:
+def run(models, tasks, dtypes, chosen, attention_dropout: bool = True) -> list[dict]:
     rows = []
     for name in models:
         for task in tasks:
             for dtype_name in dtypes:
                 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-                made = variants(name, task, dtype)
+                made = variants(name, task, dtype, attention_dropout)
                 counted = {}
                 for variant in chosen:
                     torch._dynamo.reset()
@@ -123,11 +146,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"],
                         choices=["bf16", "fp16"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--no-attention-dropout", action="store_true",
+                        help="transformers models with their attention dropout at 0 "
+                             "(without_attention_dropout); writes bytes_no_attention_dropout.json")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     command = "python -m benchmarks bytes " + " ".join(sys.argv[1:] if argv is None else argv)
-    rows = run(args.models, args.tasks, args.dtypes, args.variants)
-    save("bytes", rows, {"command": command.strip()}, args.out)
+    rows = run(args.models, args.tasks, args.dtypes, args.variants,
+               attention_dropout=not args.no_attention_dropout)
+    name = "bytes_no_attention_dropout" if args.no_attention_dropout else "bytes"
+    save(name, rows, {"command": command.strip()}, args.out)
     return rows
 
 

@@ -36,6 +36,30 @@ def llama_lm(vocab: int = 256, hidden: int = 64, intermediate: int = 128, layers
     return LlamaForCausalLM(cfg).train()
 
 
+def llama_tp(mesh: object, backend_options: dict | None = None) -> nn.Module:
+    """:func:`llama_lm` with every decoder layer tensor parallel over ``mesh`` (a 1-D
+    ``DeviceMesh``) by torch's LLaMA plan: q/k/v/gate/up ``ColwiseParallel``, o/down
+    ``RowwiseParallel``; with ``backend_options`` each layer is then
+    ``torch.compile(layer, backend="amprewrite", options=backend_options)``."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    col, row = ColwiseParallel, RowwiseParallel
+    model = llama_lm()
+    for k, layer in enumerate(model.model.layers):
+        parallelize_module(layer, mesh, {
+            "self_attn.q_proj": col(), "self_attn.k_proj": col(), "self_attn.v_proj": col(),
+            "self_attn.o_proj": row(), "mlp.gate_proj": col(), "mlp.up_proj": col(),
+            "mlp.down_proj": row()})
+        if backend_options is not None:
+            model.model.layers[k] = torch.compile(layer, backend="amprewrite",
+                                                  options=backend_options)
+    return model
+
+
 def llama():
     return llama_lm().eval(), (_tokens(),)
 

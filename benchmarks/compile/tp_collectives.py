@@ -32,29 +32,14 @@ VARIANTS = ("fp32", "autocast", "backend")
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _plan():
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    col, row = ColwiseParallel, RowwiseParallel
-    return {"self_attn.q_proj": col(), "self_attn.k_proj": col(), "self_attn.v_proj": col(),
-            "self_attn.o_proj": row(), "mlp.gate_proj": col(), "mlp.up_proj": col(),
-            "mlp.down_proj": row()}
-
-
 def _measure(mesh, variant: str, dtype: str) -> dict:
-    from torch.distributed.tensor.parallel import parallelize_module
-
     import amprewrite  # noqa: F401  (registers the backend)
     from amprewrite.compile.sharding import count_collectives
     from amprewrite.testing import zoo
 
     torch._dynamo.reset()
-    model = zoo.llama_lm()
-    for k, layer in enumerate(model.model.layers):
-        parallelize_module(layer, mesh, _plan())
-        if variant == "backend":
-            model.model.layers[k] = torch.compile(
-                layer, backend="amprewrite", options={"dtype": dtype, "inner": "eager"})
+    model = zoo.llama_tp(mesh, {"dtype": dtype, "inner": "eager"} if variant == "backend"
+                         else None)
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     for _ in range(2):
         model.zero_grad()

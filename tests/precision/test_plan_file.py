@@ -18,6 +18,7 @@ from amprewrite.errors import PolicyError
 from amprewrite.passes import float8_linears, record_ranges
 from amprewrite.precision.plan_file import diff_plans, show_plan
 from amprewrite.testing import zoo
+from tests.compile.test_backend import Checkpointed  # two checkpointed blocks
 
 
 def _decisions(gm) -> dict[str, tuple]:
@@ -421,22 +422,6 @@ def test_the_deploy_export_pt2_carries_its_plan(tmp_path, loaded_here_only):
     assert _decisions(again)["up:linear#0"][0] == "fp32"  # the calibration's range, kept
 
 
-class Checkpointed(nn.Module):
-    """Two blocks under activation checkpointing: each a region whose body dynamo captures as
-    a subgraph, transformed as a graph of its own (transform_bodies)."""
-
-    def __init__(self):
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 8))
-            for _ in range(2))
-
-    def forward(self, x):
-        from torch.utils.checkpoint import checkpoint
-
-        for block in self.blocks:
-            x = x + checkpoint(block, x, use_reentrant=False)
-        return x.softmax(-1)
 
 
 def test_checkpointed_region_bodies_take_their_entries_of_the_plan():

@@ -26,21 +26,30 @@ STEPS = 4
 RTOL = {"bf16": 1e-3, "fp16": 2e-4}
 
 
-class CausalLM(pl.LightningModule):
-    def __init__(self, net: torch.nn.Module) -> None:
-        super().__init__()
-        self.net = net
-        self.losses: list[float] = []
-        self.autocast: list[bool] = []  # torch.is_autocast_enabled("cpu") around each forward
+def causal_lm(lightning_module: type) -> type:
+    """The test's LightningModule on ``lightning_module`` (``lightning.pytorch``'s or
+    ``pytorch_lightning``'s): the net's loss, each step's loss and autocast state kept."""
 
-    def training_step(self, batch, batch_idx):
-        self.autocast.append(torch.is_autocast_enabled("cpu"))
-        loss = self.net(input_ids=batch, labels=batch).loss
-        self.losses.append(loss.item())
-        return loss
+    class CausalLM(lightning_module):
+        def __init__(self, net: torch.nn.Module) -> None:
+            super().__init__()
+            self.net = net
+            self.losses: list[float] = []
+            self.autocast: list[bool] = []  # torch.is_autocast_enabled("cpu") per forward
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=1e-3)
+        def training_step(self, batch, batch_idx):
+            self.autocast.append(torch.is_autocast_enabled("cpu"))
+            loss = self.net(input_ids=batch, labels=batch).loss
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    return CausalLM
+
+
+CausalLM = causal_lm(pl.LightningModule)
 
 
 @pytest.fixture(scope="module")
@@ -184,20 +193,7 @@ def test_fit_under_either_package_name(net, tmp_path, fp32_losses, package, no_i
 
     plugins = importlib.import_module(f"{package}.plugins.precision")
 
-    class LM(lib.LightningModule):
-        def __init__(self, net):
-            super().__init__()
-            self.net, self.losses, self.autocast = net, [], []
-
-        def training_step(self, batch, batch_idx):
-            self.autocast.append(torch.is_autocast_enabled("cpu"))
-            loss = self.net(input_ids=batch, labels=batch).loss
-            self.losses.append(loss.item())
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-3)
-
+    LM = causal_lm(lib.LightningModule)
     torch._dynamo.reset()
     plugin = AmpRewritePrecision("fp16", device="cpu")
     assert isinstance(plugin, plugins.Precision)

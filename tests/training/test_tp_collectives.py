@@ -22,30 +22,14 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _tp_plan():
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    col, row = ColwiseParallel, RowwiseParallel
-    return {"self_attn.q_proj": col(), "self_attn.k_proj": col(), "self_attn.v_proj": col(),
-            "self_attn.o_proj": row(), "mlp.gate_proj": col(), "mlp.up_proj": col(),
-            "mlp.down_proj": row()}
-
-
 def _llama(mesh, variant: str, dtype: str):
     """The zoo's LLaMA, every layer tensor parallel over ``mesh``; ``variant="amprewrite"``:
     each layer compiled by the backend."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
     from amprewrite.testing import zoo
 
     torch._dynamo.reset()
-    model = zoo.llama_lm()
-    for k, layer in enumerate(model.model.layers):
-        parallelize_module(layer, mesh, _tp_plan())
-        if variant == "amprewrite":
-            model.model.layers[k] = torch.compile(
-                layer, backend="amprewrite", options={"dtype": dtype, "inner": "eager"})
-    return model
+    return zoo.llama_tp(mesh, {"dtype": dtype, "inner": "eager"} if variant == "amprewrite"
+                        else None)
 
 
 def _step(model, ids, variant: str, dtype: str):

@@ -221,6 +221,25 @@ def _tiny_unet(device):
 TINY = {"cnn": _tiny_cnn, "llama": _tiny_llama, "unet": _tiny_unet}
 
 
+def _dynamo_counts() -> dict[str, object]:
+    """dynamo's counters now: graph breaks by reason, graphs compiled, frames traced."""
+    from torch._dynamo.utils import counters
+
+    return {"breaks": dict(counters["graph_break"]),
+            "graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"]}
+
+
+def _dynamo_delta(before: dict[str, object]) -> dict[str, object]:
+    """What dynamo did since ``before``: graph breaks (count, and the first reason's first
+    line), graphs compiled, frames traced: a compiled row's graph-break and recompile log."""
+    now = _dynamo_counts()
+    breaks = {k: n - before["breaks"].get(k, 0) for k, n in now["breaks"].items()
+              if n > before["breaks"].get(k, 0)}
+    return {"graph_breaks": sum(breaks.values()),
+            "graph_break_reason": next(iter(breaks), "").split("\n")[0][:120],
+            "graphs": now["graphs"] - before["graphs"], "frames": now["frames"] - before["frames"]}
+
+
 def runtime_row(name: str, device: str, dtype: torch.dtype, training: bool, mode: str,
                 tiny: bool, repeats: int) -> list[dict]:
     """runtime.run's measurement for one task and one mode: every variant built (compiled
@@ -249,19 +268,27 @@ def runtime_row(name: str, device: str, dtype: torch.dtype, training: bool, mode
         row = {"model": name, "device": device, "dtype": str(dtype).replace("torch.", ""),
                "task": "train step" if training else "infer", "mode": mode, "variant": variant}
         try:
+            before = _dynamo_counts()
             with grad_ctx():
                 t0 = time.perf_counter()
                 out = step()
                 runtime._sync(device)
                 row["first_call_s"] = time.perf_counter() - t0
+            if mode == "compiled":  # what the first call compiled (issue 63: the UNet's 1.39x)
+                row.update(_dynamo_delta(before))
             if not training:
                 row["rel_err_vs_fp64"] = float((out.double() - ref64).norm() / ref64.norm())
             steps[variant] = step
         except Exception as exc:  # model.to(bf16) fails on some models: record why
             row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:70]}"
         rows[variant] = row
+    before = _dynamo_counts()
     with grad_ctx():
         timings = interleaved(steps, repeats, device, warmup=1)
+    if mode == "compiled":  # graphs compiled again during the timed calls (all variants)
+        recompiled = _dynamo_delta(before)["graphs"]
+        for row in rows.values():
+            row["graphs_compiled_while_timed"] = recompiled
     for variant, (ms, iqr) in timings.items():
         rows[variant]["median_ms"], rows[variant]["iqr_ms"] = ms, iqr
     for base in ("fp32", "autocast"):

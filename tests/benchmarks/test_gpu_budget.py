@@ -16,8 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks.gpu_budget import COST_S, OverBudget, Row, _deadline, measure, plan_rows
+from benchmarks.gpu_budget import (
+    COST_S,
+    OverBudget,
+    Row,
+    _deadline,
+    _dynamo_counts,
+    _dynamo_delta,
+    measure,
+    plan_rows,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,3 +171,25 @@ def test_the_gpu_command_on_the_cpu_writes_each_row_and_the_skipped_ones(tmp_pat
     assert timed["amprewrite transform"]["vs_autocast"] > 0
     if "memory/vit/bf16" in ran:  # fits unless the rows before ran ~10x their estimates
         assert ran["memory/vit/bf16"]["results"][0]["step_amprewrite_ms"] > 0
+
+
+def test_a_compiled_row_logs_its_graph_breaks_and_compiles():
+    """The compiled rows carry what dynamo did on their first call (issue 63: the UNet's 1.39x
+    on the H100 needs its graph-break and recompile log): graph breaks with the first reason,
+    graphs compiled, frames traced."""
+    def broken(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    torch._dynamo.reset()
+    fn = torch.compile(broken, backend="eager")
+    before = _dynamo_counts()
+    fn(torch.randn(3))
+    first = _dynamo_delta(before)
+    assert first["graph_breaks"] == 1 and first["graph_break_reason"]
+    assert first["graphs"] == 2 and first["frames"] >= 2
+    before = _dynamo_counts()
+    fn(torch.randn(3))
+    assert _dynamo_delta(before) == {"graph_breaks": 0, "graph_break_reason": "", "graphs": 0,
+                                     "frames": 0}

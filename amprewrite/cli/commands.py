@@ -173,7 +173,7 @@ _EXTENSION = {"pt2": ".pt2", "aoti": ".aoti.pt2", "onnx": ".onnx"}
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..deploy.export import default_dtype, export, preflight
+    from ..deploy.export import export, preflight
 
     if args.static and args.dynamic_seq:
         from .target import UsageError
@@ -182,7 +182,7 @@ def run_export(args: argparse.Namespace) -> int:
                          "pass one of them (--dynamic-seq alone keeps the batch dynamic too).")
     out = Path(args.out or args.target.rsplit(":", 1)[-1] + _EXTENSION[args.to])
     # bf16 ONNX, packages: before work (no --dtype: export's default for the format)
-    preflight(args.to, args.dtype or default_dtype(args.to), not args.no_check, out)
+    preflight(args.to, args.dtype, not args.no_check, out)
     with Steps(2, log=True) as steps:
         steps.step(f"loading {args.target}")
         target = load(args, need_inputs=True)

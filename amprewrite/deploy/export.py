@@ -164,9 +164,10 @@ ONNX_DTYPE_NOTE = (
     "(or 'bf16') with check=False writes one for a runtime that has those kernels")
 
 
-def preflight(to: str, dtype: torch.dtype | str, check: bool = True,
+def preflight(to: str, dtype: torch.dtype | str | None, check: bool = True,
               path: str | os.PathLike | None = None) -> torch.dtype:
-    """Refuse, before any work, what :func:`export` cannot do; return the dtype.
+    """Refuse, before any work, what :func:`export` cannot do; return the dtype (``None``:
+    :func:`default_dtype`).
 
     >>> preflight("onnx", "bf16")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -176,7 +177,7 @@ def preflight(to: str, dtype: torch.dtype | str, check: bool = True,
     if to not in FORMATS:
         raise PolicyError(f"to={to!r} is not a format export writes: use one of "
                           f"{', '.join(FORMATS)}.")
-    dtype = parse_dtype(dtype)
+    dtype = parse_dtype(default_dtype(to) if dtype is None else dtype)
     if to == "aoti" and path is not None and Path(path).suffix != ".pt2":
         raise PolicyError(f"an AOTInductor package must be a .pt2 file, got path='{path}': "
                           f"name it {Path(path).with_suffix('.pt2').name}.")
@@ -285,7 +286,7 @@ def export(model: nn.Module, example_inputs: object, *, path: str | os.PathLike,
         (torch.float32, (1, inf))
     """
     chose = ONNX_DTYPE_NOTE if dtype is None and to == "onnx" else None
-    dtype = preflight(to, default_dtype(to) if dtype is None else dtype, check, path)
+    dtype = preflight(to, dtype, check, path)
     if to == "onnx" and options.get("fp8") not in (None, False):
         raise PolicyError(
             "fp8 graphs do not go to ONNX: their float8 GEMMs are aten._scaled_mm, which "
@@ -785,9 +786,6 @@ def _autocast(model: nn.Module, args: tuple, kwargs: dict, dtype: torch.dtype
         return None
 
 
-# Where a model says the longest sequence it takes: transformers' configs (GPT-2's
-# n_positions, most others' max_position_embeddings), nanoGPT's block_size, torchtitan's
-# max_seq_len.
 def _dim_range(ep, dim: int) -> tuple[int, float] | None:
     """The sizes ``ep`` takes in dimension ``dim`` of its inputs (0: the batch; :data:`SEQ`:
     the sequence), over every input where it is dynamic, or None where it is nowhere."""

@@ -17,6 +17,7 @@ import contextlib
 import inspect
 import linecache
 import logging
+import os
 import sys
 import time
 import warnings
@@ -267,9 +268,9 @@ def _transform_for(gm, model, policy, retransform: Retransform, args, kwargs, fl
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside amprewrite and torch (the call of the
     graph: fx's and nn.Module's call wrappers and the dispatcher lie between)."""
-    import os
-
-    inside = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(torch.__file__))
+    # with the separator: torchvision's or torchao's files are not torch's
+    inside = tuple(os.path.dirname(path) + os.sep
+                   for path in (os.path.dirname(__file__), torch.__file__))
     frame, level = sys._getframe(1), 1
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1

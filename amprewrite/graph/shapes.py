@@ -86,6 +86,9 @@ def capture_spec(model: nn.Module, args: tuple, kwargs: dict, dynamic_shapes: ob
     return spec, dict(bound)
 
 
+# Where a model says the longest sequence it takes: transformers' configs (GPT-2's
+# n_positions, most others' max_position_embeddings), nanoGPT's block_size, torchtitan's
+# max_seq_len.
 _SEQ_LIMITS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size", "max_seq_len")
 
 

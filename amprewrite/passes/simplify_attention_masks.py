@@ -33,8 +33,9 @@ pattern (a sliding window). Each rewrite is in the report with the sizes it was 
 ...     n.meta[ORIG] = info_from_value(t)
 >>> SimplifyAttentionMasks(None).run(gm)
 True
->>> [n.kwargs for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention]
-[{'attn_mask': None, 'is_causal': True}]
+>>> [(n.kwargs["attn_mask"], n.kwargs["is_causal"]) for n in gm.graph.nodes
+...  if n.target is F.scaled_dot_product_attention]
+[(None, True)]
 """
 
 from __future__ import annotations
@@ -43,22 +44,15 @@ import torch
 from torch import fx
 
 from ..graph import meta as M
+from ..graph.modules import get_attr
 from ..precision.ops import family_of
 from ..precision.report import record
-from .base import Kind, Pass
+from .base import Kind, Pass, arguments
 
 __all__ = ["SimplifyAttentionMasks", "mask_pattern"]
 
 _SDPA = (torch.nn.functional.scaled_dot_product_attention,
          torch.ops.aten.scaled_dot_product_attention.default)
-_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
-def _bound(node: fx.Node) -> dict[str, object]:
-    """An SDPA call's arguments by name (defaults left out)."""
-    bound = dict(zip(_PARAMS, node.args))
-    bound.update(node.kwargs)
-    return bound
 
 
 def _cone(mask: fx.Node) -> list[fx.Node] | None:
@@ -109,9 +103,7 @@ def _meta_value(gm: fx.GraphModule, node: fx.Node, sizes: dict[object, int]) -> 
     """A placeholder's or get_attr's stand-in: a meta tensor of its shape, each dynamic
     dimension of size symbol ``s`` sized ``sizes[s]`` where given."""
     if node.op == "get_attr":
-        value = gm
-        for part in str(node.target).split("."):
-            value = getattr(value, part)
+        value = get_attr(gm, str(node.target))
         if not isinstance(value, torch.Tensor):
             return value
         return torch.empty_like(value, device="meta")
@@ -192,8 +184,8 @@ def _simplify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, str] | None:
     cone's inputs at its lower bound, its example + 1 and 2 x example + 1; a symbol that
     changes the mask's last two dims (a sequence length) also at its upper bound, which
     must be at most ``_SEQUENCE_CHECKED`` (the other symbols at their lower bounds there)."""
-    bound = _bound(node)
-    mask = bound.get("attn_mask")
+    bound = arguments(gm, node)
+    mask = (bound or {}).get("attn_mask")
     if not isinstance(mask, fx.Node) or bound.get("is_causal") not in (None, False):
         return None
     cone = _cone(mask)
@@ -238,7 +230,7 @@ def _simplify(gm: fx.GraphModule, node: fx.Node) -> tuple[str, str] | None:
     bound["attn_mask"] = None
     if pattern == "causal":
         bound["is_causal"] = True
-    node.args = tuple(bound.pop(p) for p in _PARAMS[:3])
+    node.args = tuple(bound.pop(p) for p in ("query", "key", "value"))
     node.kwargs = bound
     shapes = ", ".join(str(list(s)) for s in sorted(checked))
     what = ("masks nothing" if pattern == "none"
@@ -268,7 +260,7 @@ class SimplifyAttentionMasks(Pass):
         cones: set[fx.Node] = set()
         for node in M.each_node_of(n for n in gm.graph.nodes
                                    if n.op == "call_function" and n.target in _SDPA):
-            mask = _bound(node).get("attn_mask")
+            mask = (arguments(gm, node) or {}).get("attn_mask")
             done = _simplify(gm, node)
             if done is None:
                 continue

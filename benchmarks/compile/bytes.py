@@ -49,9 +49,9 @@ def _step(fn, task: str):
 def without_attention_dropout(model):
     """The same transformers model (same weights) with its attention dropout at 0: on a CPU
     inductor decomposes an SDPA with dropout into its math (bmm, softmax, dropout, bmm), and
-    under autocast that math runs its bmm in the low dtype where the plain graph's runs them
-    in fp32, as eager SDPA does on a CPU: a CPU kernel choice, not a plan decision (a GPU runs
-    dropout inside its flash kernel). Models without a transformers config are returned as
+    the plain graph's decomposition moves fp32 where autocast's moves bf16 (its node groups:
+    docs/benchmarks.md): a CPU kernel's decomposition, not a plan decision (a GPU runs dropout
+    inside its flash kernel). Models without a transformers config are returned as
     they are."""
     config = getattr(model, "config", None)
     keys = ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout")

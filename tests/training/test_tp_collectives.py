@@ -79,6 +79,7 @@ def _eval_overflow(mesh, rank: int) -> dict:
     rep = amprewrite.report(compiled).graphs[0].report
     return {"plan": [(d.node, d.dtype) for d in rep.decisions],
             "ranged": sorted(d.node for d in rep.decisions if d.reason.startswith("range:")),
+            "collectives": {d.node: d.dtype for d in rep.decisions if d.family == "dtensor"},
             "finite": bool(torch.isfinite(out).all())}
 
 
@@ -129,6 +130,9 @@ def test_a_rank_whose_values_pass_fp16s_range_in_eval_gets_the_other_ranks_plan(
     first, second = (run["eval"] for run in two_ranks)
     assert first["ranged"] and first["ranged"] == second["ranged"]  # rank 1's ranges, on both
     assert first["plan"] == second["plan"]
+    # rank 1's values pass fp16's range: every DTensor call, its partial sums' all-reduce too,
+    # runs fp32 on both ranks
+    assert first["collectives"] and set(first["collectives"].values()) == {"torch.float32"}
     assert first["finite"] and second["finite"]
 
 

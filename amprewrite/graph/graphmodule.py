@@ -259,7 +259,7 @@ def _transform_for(gm, model, policy, retransform: Retransform, args, kwargs, fl
     _log.info("amprewrite: transformed %s again for new inputs (%s) in %.1f s",
               type(model).__name__, why, seconds)
     if not gm._amp_variants:  # the first new shape: said once per graph
-        warnings.warn(_retransformed(gm, variant, model, why, seconds, dynamic),
+        warnings.warn(_retransformed(gm, variant, model, why, seconds, dynamic, flat),
                       RetransformWarning,
                       stacklevel=_caller_level())
     return variant
@@ -278,7 +278,7 @@ def _caller_level() -> int:
 
 
 def _retransformed(gm: DynamoGraphModule, variant: fx.GraphModule, model: object, why: str,
-                   seconds: float, dynamic: dict[int, list[int]]) -> str:
+                   seconds: float, dynamic: dict[int, list[int]], flat: list[object]) -> str:
     """What :class:`~amprewrite.errors.RetransformWarning` says: what happened, what it
     cost, and what makes one transform serve these inputs (``dynamic_shapes=``, bounded by
     the model's longest sequence, where a dimension changed; else what to change)."""
@@ -297,9 +297,7 @@ def _retransformed(gm: DynamoGraphModule, variant: fx.GraphModule, model: object
                  "per-sample loop, a size the code checks), so each new size is transformed "
                  "again: give example_inputs of the shapes you call it with")
     elif not grown:
-        avoid = ("a non-tensor argument changed, and dynamo bakes those into the graph: pass "
-                 "that value as a tensor, or call the graph with the value it was "
-                 "transformed with")
+        avoid = _no_dynamic_helps(gm._amp_inputs, flat)
     elif tiny:
         name, d, size = tiny[0]
         avoid = (f"capture with example inputs of size 2 or more in dimension {d} of {name!r} "
@@ -315,6 +313,26 @@ def _retransformed(gm: DynamoGraphModule, variant: fx.GraphModule, model: object
         f"{_MAX_VARIANTS} times, then ShapeError. To transform once, {avoid}; "
         "on_new_shape='error' raises ShapeError instead of transforming. (Said once per graph: "
         "amprewrite.errors.RetransformWarning.)")
+
+
+def _no_dynamic_helps(guard: InputGuard, flat: list[object]) -> str:
+    """What avoids a re-transform where no static size grew: a size 0 or 1 (which dynamo
+    fixes), a dynamic size past its range, else a changed non-tensor argument."""
+    for inp, value in zip(guard.inputs, flat):
+        if inp.sizes is None or not isinstance(value, torch.Tensor) or (
+                value.dim() != len(inp.sizes)):
+            continue
+        for d, (want, size) in enumerate(zip(inp.sizes, value.shape)):
+            if size < 2 and want != size:
+                return (f"call it with sizes of 2 or more in dimension {d} of {inp.name!r}: "
+                        "dynamo fixes a size of 0 or 1, in a graph of its own, which no "
+                        "dynamic_shapes= covers")
+    if guard.out_of_range(flat) is not None:
+        return ("keep that size within the range the graph was captured for (a bound the "
+                "model's code sets, as the report's shapes: note says, or dynamic_shapes= "
+                "gave): a size past it takes a graph of its own")
+    return ("a non-tensor argument changed, and dynamo bakes those into the graph: pass "
+            "that value as a tensor, or call the graph with the value it was transformed with")
 
 
 def _dynamic_advice(model: object, inputs: list, dynamic: dict[int, list[int]]) -> str:

@@ -89,16 +89,39 @@ class _Scaled(torch.nn.Module):
         return self.linear(x) * scale
 
 
-@pytest.mark.parametrize("case", ["constant", "batch 1"])
+class _Branches(torch.nn.Module):
+    """Branches on its batch, as diffusers' ``Upsample2D`` does: dynamo bounds it at 7."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x, scale: float = 1.0):
+        y = self.linear(x)
+        return y.contiguous() * scale if x.shape[0] >= 8 else y * scale
+
+
+# case: (model, captured batch, called batch, called scale, what the warning says)
+_CASES = {
+    "constant": (_Scaled, 3, 4, 5.0, "a non-tensor argument changed"),
+    "batch 1": (_Scaled, 1, 4, 3.0, "size 2 or more in dimension 0 of 'x'"),
+    "called at 1": (_Scaled, 3, 1, 3.0, "dynamo fixes a size of 0 or 1"),
+    "past a bound": (_Branches, 3, 9, 3.0, "within the range the graph was captured for"),
+}
+
+
+@pytest.mark.parametrize("case", list(_CASES))
 def test_where_no_dynamic_dimension_helps_the_warning_says_what_does(case):
-    """A changed non-tensor argument, or a batch captured at size 1 (which dynamo fixes): no
-    ``dynamic_shapes=`` would avoid the re-transform, and the warning says what would."""
+    """A changed non-tensor argument, a batch captured at size 1 or called at size 1 (which
+    dynamo fixes), or a batch past the bound the model's code sets: no ``dynamic_shapes=``
+    would avoid the re-transform, and the warning says what would (and blames no non-tensor
+    argument where a tensor's size changed)."""
+    build, captured, called, scale, says = _CASES[case]
     torch.manual_seed(0)
-    x = torch.randn(1 if case == "batch 1" else 3, 8)
-    gm = amprewrite.transform(_Scaled(), "bf16", example_inputs=(x, 3.0))
+    gm = amprewrite.transform(build(), "bf16", example_inputs=(torch.randn(captured, 8), 3.0))
     with pytest.warns(RetransformWarning) as seen:
-        gm(torch.randn(4, 8), 5.0 if case == "constant" else 3.0)
+        gm(torch.randn(called, 8), scale)
     text = " ".join(str(w.message) for w in seen if w.category is RetransformWarning)
     assert "dynamic_shapes={" not in text
-    assert ("a non-tensor argument changed" in text if case == "constant"
-            else "size 2 or more in dimension 0 of 'x'" in text)
+    assert says in text, text
+    assert (case == "constant") == ("a non-tensor argument changed" in text)

@@ -25,12 +25,13 @@ from pathlib import Path
 import torch
 
 from ..errors import PolicyError
-from .report import CompiledReport, Decision, Report, report, text_table
+from .report import CompiledReport, Decision, Report, range_cell, report, text_table
 from .saved_plan import (
     PLAN_FORMAT,
     SavedPlan,
     dumps,
     load_plan,
+    saved_range,
     selector_name,
     short_dtype,
 )
@@ -172,8 +173,7 @@ def plan_data(obj: object) -> dict:
     model = obj
     if isinstance(rep, CompiledReport):
         model = getattr(obj, "_orig_mod", obj)
-        reports = [g.report for g in rep.graphs]
-        if not reports:
+        if not rep.graphs:
             raise PolicyError(
                 "this compiled module has no planned graph yet: call it once (the backend "
                 "plans on the first call), then save its plan.")
@@ -185,15 +185,16 @@ def plan_data(obj: object) -> dict:
                 "plans": [{"blocks": [b for b, i in g.plan_of.items() if i == k],
                            "nodes": _nodes(p)} for k, p in enumerate(plans)],
             })
-        first = reports[0]
+        first = rep.graphs[0].report
     else:
         first = rep
         graphs = [{"plans": [{"nodes": _nodes(rep)}]}]
     policy = dict(first.policy)
-    name = policy.pop("model", None)  # the transformed model's class (transform records it)
+    # the transformed model's class: transform records it, the backend's graphs do not
+    name = policy.pop("model", None)
     return {
         "amprewrite_plan": PLAN_FORMAT,
-        "model": name if name and not isinstance(rep, CompiledReport) else type(model).__name__,
+        "model": name or type(model).__name__,
         "dtype": first.dtype,
         "capture": first.capture,
         "made_with": {**_versions(), "device": _device(policy.get("device"))},
@@ -226,12 +227,13 @@ def save_plan(obj: object, path: str | os.PathLike | None = None) -> str:
 
 # --- show ----------------------------------------------------------------------------------
 def _cell_range(entry: Mapping) -> str:
-    r = entry.get("range")
-    if not isinstance(r, Mapping):
-        return "-"
-    cell = f"{r.get('absmax', 0):.3g}"
-    share = r.get("subnormal", 0.0)
-    return cell + (f" ({share:.0%} subnormal)" if share >= 0.01 else "")
+    r = saved_range(entry)
+    return "-" if r is None else range_cell(r)
+
+
+def _why(entry: Mapping) -> str:
+    """An entry's reason, with its float8 verdict where it has one."""
+    return str(entry.get("reason", "-")) + (f"; {entry['fp8']}" if entry.get("fp8") else "")
 
 
 def _dtype_cell(entry: Mapping) -> str:
@@ -283,9 +285,7 @@ def show_plan(plan: object) -> str:
             for key, e in nodes.items():
                 rows.append([str(e.get("node", "-")), key, str(e.get("class", "-")),
                              _dtype_cell(e), _cell_range(e),
-                             ",".join(e.get("casts", ())) or "-",
-                             str(e.get("reason", "-"))
-                             + (f"; {e['fp8']}" if e.get("fp8") else "")])
+                             ",".join(e.get("casts", ())) or "-", _why(e)])
             lines.append(text_table(rows, caps=(32, 48, 8, 18, 12, 16)))
     return "\n".join(lines)
 
@@ -336,26 +336,24 @@ def diff_plans(a: object, b: object) -> tuple[list[str], bool]:
             found = _diff_nodes(na, nb)
             if found:
                 differ = True
-                count = sum(line.startswith("  ") and not line.startswith("    ")
-                            for line in found)
-                lines.append(f"{count} node(s) differ{where}:")
-                lines += found
+                lines.append(f"{len(found)} node(s) differ{where}:")
+                lines += [line for node in found for line in node]
     if not differ:
-        lines.append("the plans' decisions are the same"
-                     f" ({sum(len(p['nodes']) for g in a.graphs for p in g['plans'])} entries)")
+        lines.append(f"the plans' decisions are the same ({a.entry_count} entries)")
     return lines, differ
 
 
-def _diff_nodes(na: Mapping[str, Mapping], nb: Mapping[str, Mapping]) -> list[str]:
-    out: list[str] = []
+def _diff_nodes(na: Mapping[str, Mapping], nb: Mapping[str, Mapping]) -> list[list[str]]:
+    """The lines of each node whose decision differs: one, or three with both reasons."""
+    out: list[list[str]] = []
     for key in [*na, *(k for k in nb if k not in na)]:
         ea, eb = na.get(key), nb.get(key)
         if ea is None or eb is None:
             side, e = ("b", eb) if ea is None else ("a", ea)
             if "class" not in e:
                 continue  # an input's or parameter's range alone: no decision
-            out.append(f"  {key} ({e.get('node', '-')}): only in {side}: {e.get('class')} "
-                       f"{_dtype_cell(e)}: {e.get('reason', '-')}")
+            out.append([f"  {key} ({e.get('node', '-')}): only in {side}: {e.get('class')} "
+                        f"{_dtype_cell(e)}: {e.get('reason', '-')}"])
             continue
         da, db = _decision(ea), _decision(eb)
         changed = [f for f in _COMPARED if da[f] != db[f]]
@@ -364,9 +362,7 @@ def _diff_nodes(na: Mapping[str, Mapping], nb: Mapping[str, Mapping]) -> list[st
         shown = "; ".join(f"{f}: {_show(da[f])} -> {_show(db[f])}" for f in changed)
         name = ea.get("node") if ea.get("node") == eb.get("node") else (
             f"{ea.get('node')} / {eb.get('node')}")
-        out.append(f"  {key} ({name}): {shown}")
-        out.append(f"    a: {ea.get('reason', '-')}" + (f"; {ea['fp8']}" if ea.get("fp8") else ""))
-        out.append(f"    b: {eb.get('reason', '-')}" + (f"; {eb['fp8']}" if eb.get("fp8") else ""))
+        out.append([f"  {key} ({name}): {shown}", f"    a: {_why(ea)}", f"    b: {_why(eb)}"])
     return out
 
 

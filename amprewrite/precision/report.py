@@ -18,8 +18,8 @@ from .policy import Policy, matches
 from .ranges import ValueRange
 
 __all__ = ["CAPTURE_TOOL", "POLICY_KEY", "REPORT_KEY", "CompiledReport", "Decision", "GraphReport",
-           "PlanEvent", "PlanUse", "Report", "Rewrite", "StateDecision", "decisions_of", "record",
-           "report", "text_table", "transform_notes"]
+           "PlanEvent", "PlanUse", "Report", "Rewrite", "StateDecision", "decisions_of",
+           "range_cell", "record", "report", "text_table", "transform_notes"]
 
 
 @dataclass(frozen=True)
@@ -90,13 +90,9 @@ class PlanUse:
     def __str__(self) -> str:
         text = f"plan: {self.source}, {self.applied} nodes as saved"
         if self.new:
-            shown = ", ".join(self.new[:8]) + (f" and {len(self.new) - 8} more"
-                                              if len(self.new) > 8 else "")
-            text += f"; decided afresh (not in the plan): {shown}"
+            text += f"; decided afresh (not in the plan): {_first(self.new)}"
         if self.missing:
-            shown = ", ".join(self.missing[:8]) + (f" and {len(self.missing) - 8} more"
-                                                  if len(self.missing) > 8 else "")
-            text += f"; in the plan but not in this graph: {shown}"
+            text += f"; in the plan but not in this graph: {_first(self.missing)}"
         return text
 
 
@@ -144,7 +140,7 @@ class Report:
             dtype = (d.dtype or "-").replace("torch.", "")
             if d.storage is not None and d.storage != d.dtype:
                 dtype += "->" + d.storage.replace("torch.", "")
-            shown = [] if not ranges else ["-" if d.range is None else _range_cell(d.range)]
+            shown = [] if not ranges else ["-" if d.range is None else range_cell(d.range)]
             rows.append([d.node, d.module_path or "-", d.family or "-", d.precision, dtype,
                          *shown, d.reason])
         return text_table(rows, caps=NAME_CAPS)
@@ -179,7 +175,13 @@ class Report:
         return "\n".join(lines)
 
 
-def _range_cell(r: ValueRange) -> str:
+def _first(names: list[str]) -> str:
+    """The first 8 of ``names``, and how many more there are."""
+    more = len(names) - 8
+    return ", ".join(names[:8]) + (f" and {more} more" if more > 0 else "")
+
+
+def range_cell(r: ValueRange) -> str:
     """``2.2e+05``, with the share of fp16-subnormal values where it is 1% or more."""
     cell = f"{r.absmax:.3g}"
     return cell + (f" ({r.tiny_share:.0%} subnormal)" if r.tiny_share >= 0.01 else "")
@@ -310,8 +312,7 @@ class CompiledReport:
     def __str__(self) -> str:
         head = []
         if self.unplanned:
-            shown = ", ".join(self.unplanned[:8]) + (
-                f" and {len(self.unplanned) - 8} more" if len(self.unplanned) > 8 else "")
+            shown = _first(self.unplanned)
             head.append(
                 f"not planned: {shown}: compiled with torch.compile, but no graph amprewrite "
                 "planned ran with their parameters, so their calls ran without amprewrite (in "

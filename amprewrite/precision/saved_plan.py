@@ -30,16 +30,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import fx
 
 from ..errors import PolicyError
 from ..graph import meta as M
+from ..graph.dtypes import low_dtype
 from ..graph.modules import submodule
-from .ops import family_of, op_qualname
+from .ops import Precision, family_of, op_qualname
 
-__all__ = ["PLAN_FILE", "PLAN_FORMAT", "PlanMatch", "SavedPlan", "dumps", "key_parts", "load_plan",
-           "node_keys", "saved_range", "selector_name", "short_dtype"]
+__all__ = ["PLAN_FILE", "PLAN_FORMAT", "PlanMatch", "SavedPlan", "dumps", "load_plan", "node_keys",
+           "saved_range", "selector_name", "short_dtype"]
 
 PLAN_FORMAT = 1
 """The version of the file format, in every file's ``"amprewrite_plan"`` field."""
@@ -89,18 +89,18 @@ def dumps(data: dict) -> str:
      ]
     }
     """
-    return _emit(data, 0, False) + "\n"
+    return _emit(data, 0) + "\n"
 
 
-def _emit(value: object, depth: int, flat: bool) -> str:
+def _emit(value: object, depth: int) -> str:
     pad = " " * (depth + 1)
-    if flat or not isinstance(value, (dict, list)) or not value:
+    if not isinstance(value, (dict, list)) or not value:
         return json.dumps(value)
     if isinstance(value, list):
-        items = [pad + _emit(v, depth + 1, False) for v in value]
+        items = [pad + _emit(v, depth + 1) for v in value]
         return "[\n" + ",\n".join(items) + "\n" + " " * depth + "]"
-    items = [f"{pad}{json.dumps(k)}: {_emit(v, depth + 1, k == 'nodes')}"
-             if k != "nodes" else f"{pad}{json.dumps(k)}: {_entries(v, depth + 1)}"
+    items = [f"{pad}{json.dumps(k)}: "
+             + (_entries(v, depth + 1) if k == "nodes" else _emit(v, depth + 1))
              for k, v in value.items()]
     return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
 
@@ -171,18 +171,6 @@ def node_keys(gm: fx.GraphModule, families: Mapping[fx.Node, str | None] | None 
     return keys
 
 
-def key_parts(key: str) -> tuple[str, str]:
-    """(module path, what) of a node key: ``("layers.0.mlp", "linear")``.
-
-    >>> key_parts("layers.0.mlp:linear#1"), key_parts("param:fc.weight")
-    (('layers.0.mlp', 'linear'), ('', 'param:fc.weight'))
-    """
-    if key.startswith(_VALUE_KEYS) or key == "output" or "->" in key:
-        return "", key
-    path, _, rest = key.partition(":")
-    return path, rest.rsplit("#", 1)[0]
-
-
 def saved_range(entry: Mapping[str, object]):
     """The :class:`~amprewrite.precision.ranges.ValueRange` an entry records, or None."""
     from .ranges import ValueRange
@@ -197,13 +185,12 @@ def saved_range(entry: Mapping[str, object]):
 @dataclass
 class PlanMatch:
     """A saved plan matched to one graph: each node's entry (``entries``), the nodes that need
-    a decision and have none (``new``: the model changed), the plan's nodes this graph does not
-    have (``missing``), and which saved graph matched (``graph``)."""
+    a decision and have none (``new``: the model changed) and the plan's nodes this graph does
+    not have (``missing``)."""
 
     entries: dict[fx.Node, dict]
     new: list[fx.Node] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    graph: int = 0
 
 
 class SavedPlan:
@@ -232,8 +219,7 @@ class SavedPlan:
         self.data, self.source = data, source
         self.digest = hashlib.sha256(
             json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-        self.dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(
-            str(data.get("dtype")))
+        self.dtype = low_dtype(data.get("dtype"))
         for g in graphs:
             for p in g["plans"]:
                 for key, entry in p["nodes"].items():
@@ -281,10 +267,6 @@ class SavedPlan:
             return None
         return SavedPlan({**self.data, "graphs": graphs}, f"{self.source} ({prefix})")
 
-    def text(self) -> str:
-        """The plan as the JSON :func:`amprewrite.save_plan` writes."""
-        return dumps(self.data)
-
     def match(self, keys: Mapping[fx.Node, str], wanted: Iterable[fx.Node]) -> PlanMatch:
         """Each node's entry from the saved graph that knows most of ``wanted`` (the nodes
         that take a decision); raises :class:`~amprewrite.errors.PolicyError` when it knows
@@ -311,10 +293,10 @@ class SavedPlan:
         missing = [k for k in nodes if k not in present and not k.startswith(_VALUE_KEYS)
                    and "->" not in k and "/" not in k]
         new = [n for n in wanted if n not in entries]
-        return PlanMatch(entries, new, missing, best)
+        return PlanMatch(entries, new, missing)
 
 
-_CLASSES = ("low", "fp32", "promote", "neutral", "nonfloat")
+_CLASSES = tuple(p.value for p in Precision)
 
 
 def load_plan(value: object) -> SavedPlan:

@@ -28,7 +28,8 @@ def _decisions(gm) -> dict[str, tuple]:
 
 
 def _casts(gm) -> list[tuple]:
-    """The casts of a graph: (the key of the value cast, the dtype)."""
+    """The casts of a graph: (its key, the value's key and the dtype; whether it is a
+    cast_if_float)."""
     return sorted((d.key, d.node.startswith("cast_if_float")) for d in
                   amprewrite.report(gm).decisions if d.precision == "cast")
 
@@ -42,11 +43,13 @@ def llama_fp16():
 
 
 def _no_probes_or_ranges(monkeypatch):
-    """Make a kernel probe or a ranges run fail the test: the plan must make them needless."""
+    """Make a kernel probe, a ranges run or a weight's range read fail the test: the plan must
+    make them needless."""
     def refuse(*args, **kwargs):
         raise AssertionError("a saved plan was applied, yet this ran")
 
     monkeypatch.setattr(record_ranges, "record_ranges", refuse)
+    monkeypatch.setattr(record_ranges, "tensor_range", refuse)
     monkeypatch.setattr("amprewrite.passes.paint_precision.low_kernel_problem", refuse)
     monkeypatch.setattr("amprewrite.passes.paint_precision.mixed_problem", refuse)
 
@@ -89,6 +92,7 @@ def test_a_plan_is_the_same_file_when_the_same_model_is_captured_again(llama_fp1
     assert norm["class"] == "fp32" and norm["range"]["batches"] == 1
     # small: one line a node (a few hundred bytes each at most)
     assert len(text) < 300 * len(nodes) and len(text.splitlines()) < len(nodes) + 60
+    assert (len(nodes), round(len(text) / 1000)) == (165, 37)  # docs/guide.md, "Plans"
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -104,6 +108,8 @@ def test_unet_round_trip(dtype, tmp_path):
     assert amprewrite.report(again).decisions == amprewrite.report(gm).decisions
     assert amprewrite.report(again).plan.new == []
     assert amprewrite.save_plan(again) == path.read_text()
+    if dtype == "fp16":
+        assert round(len(path.read_text()) / 1000) == 87  # docs/guide.md, "Plans"
 
 
 # --- the plan holds the facts it was made from ----------------------------------------------
@@ -325,6 +331,7 @@ def test_a_dynamo_plan_applies_to_an_export_capture_where_nodes_correspond(llama
     # what docs/guide.md "Plans" says: most nodes correspond, tuple items and no-op scalings
     # that torch.export spells otherwise are decided afresh and named
     assert use.applied >= 0.85 * (use.applied + len(use.new)) and use.new
+    assert (use.applied, use.applied + len(use.new)) == (128, 143)  # the guide's figures
     mine = {d.key: d.precision for d in amprewrite.report(ex).decisions}
     saved = json.loads(text)["graphs"][0]["plans"][0]["nodes"]
     assert all(mine[k] == e["class"] for k, e in saved.items() if k in mine and "class" in e)
@@ -420,8 +427,6 @@ def test_the_deploy_export_pt2_carries_its_plan(tmp_path, loaded_here_only):
                                  progress=False)
     assert _decisions(again) == _decisions(result.gm)
     assert _decisions(again)["up:linear#0"][0] == "fp32"  # the calibration's range, kept
-
-
 
 
 def test_checkpointed_region_bodies_take_their_entries_of_the_plan():

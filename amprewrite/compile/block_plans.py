@@ -161,13 +161,14 @@ def _every_rank_arrives() -> None:
     except (RuntimeError, TimeoutError):  # the store's timeout (DistStoreError)
         missing = [r for r, key in enumerate(keys) if not store.check([key])]
         raise DistributedError(
-            f"amprewrite: rank {rank} is compiling a training forward (gradients on, the module "
-            "in train mode), whose plan widens its values across every rank, and rank(s) "
-            f"{missing} did not reach the same compile within {wait:g} s: a training forward "
-            "that only some ranks run would wait there for the process group's timeout. Run "
-            "such forwards on every rank, or under torch.no_grad() (or model.eval()), which "
-            "plan from this rank's values alone (docs/guide.md, \"Evaluating or sampling on "
-            "rank 0\"). Ranks that only compile at different speeds: set "
+            f"amprewrite: rank {rank} is compiling a graph whose plan widens its values across "
+            "every rank (a training forward: gradients on, the module in train mode; or, in any "
+            f"mode, a graph that holds collectives, as tensor parallel's do), and rank(s) "
+            f"{missing} did not reach the same compile within {wait:g} s: a forward that only "
+            "some ranks run would wait there for the process group's timeout. Run such forwards "
+            "on every rank, or under torch.no_grad() (or model.eval()), which plan a graph "
+            "without collectives from this rank's values alone (docs/guide.md, \"Evaluating or "
+            "sampling on rank 0\"). Ranks that only compile at different speeds: set "
             "AMPREWRITE_RANK_WAIT_S to a longer wait.") from None
 
 
